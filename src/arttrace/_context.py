@@ -1,0 +1,38 @@
+"""Context variables: the current trajectory and the ``@trainable`` scopes around a call."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trajectory import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class TrainableScope:
+    name: str
+    model: str | None = None
+
+    def accepts(self, model: str) -> bool:
+        return self.model is None or self.model == model
+
+
+current_trajectory_var: ContextVar[Trajectory | None] = ContextVar(
+    "arttrace_trajectory", default=None
+)
+trainable_scopes: ContextVar[tuple[TrainableScope, ...]] = ContextVar(
+    "arttrace_trainable_scopes", default=()
+)
+capturing: ContextVar[bool] = ContextVar("arttrace_capturing", default=False)
+"""Set while a captured call runs, so nested wrappers (a wrapped client under the global
+patch, ``with_raw_response`` over ``create``) record it once."""
+
+
+def policy_scope(model: str) -> TrainableScope | None:
+    """The innermost ``@trainable`` scope that makes a call to ``model`` a policy turn."""
+    for scope in reversed(trainable_scopes.get()):
+        if scope.accepts(model):
+            return scope
+    return None

@@ -1,0 +1,52 @@
+"""One warning per model and cause when a policy turn cannot be trained."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+_FIXES = {
+    "no logprobs": (
+        "Ask for them with logprobs=True (arttrace adds it to @trainable calls unless "
+        "request_training_data=False) and serve the model with vLLM "
+        "(--return-tokens-as-token-ids)."
+    ),
+    "no token ids": (
+        "ART needs the exact token ids: serve the model with vLLM and pass "
+        "extra_body={'return_token_ids': True} (arttrace adds it to @trainable calls unless "
+        "request_training_data=False)."
+    ),
+    "token ids and logprobs differ in length": (
+        "The server's token ids and logprobs disagree; check the vLLM version and that no "
+        "proxy rewrites the response."
+    ),
+    "the response was incomplete": "The stream was cut or abandoned; the partial call is marked.",
+    "no finish reason": "The server sent no finish_reason; the turn cannot become an ART Choice.",
+}
+
+
+class UntrainableTurnWarning(UserWarning):
+    """A policy turn was captured but lacks what ART needs to train on it."""
+
+
+_seen: set[tuple[str, str]] = set()
+_lock = threading.Lock()
+
+
+def warn_untrainable(model: str, reason: str) -> None:
+    with _lock:
+        if (model, reason) in _seen:
+            return
+        _seen.add((model, reason))
+    warnings.warn(
+        f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
+        f"is kept as context only. {_FIXES.get(reason, '')}",
+        UntrainableTurnWarning,
+        stacklevel=3,
+    )
+
+
+def reset() -> None:
+    """Forget which warnings were given (tests, long-lived notebooks)."""
+    with _lock:
+        _seen.clear()

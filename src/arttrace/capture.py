@@ -1,0 +1,365 @@
+"""From one Chat Completions request and its response (whole or streamed) to an ``LLMCall``.
+
+A ``Capture`` is opened when the call starts: it reads the current trajectory and
+``@trainable`` scope, starts the call's OpenTelemetry span, and, for a policy call, can add what
+training needs to the request. It is finished from the parsed response or from the stream's
+chunks, and then hands its record to the trajectory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat.chat_completion import Choice
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import _context
+from ._warnings import warn_untrainable
+from .records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+
+if TYPE_CHECKING:
+    from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
+
+    from .trajectory import Trajectory
+
+_tracer = trace.get_tracer("arttrace")
+_NOT_PARAMS = frozenset(
+    {"messages", "tools", "extra_headers", "extra_query", "timeout", "model"}
+)
+_SENTINELS = (openai.NotGiven, openai.Omit)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How the shim treats calls.
+
+    ``request_training_data``: on ``@trainable`` calls, ask for ``logprobs=True`` and vLLM's
+    ``return_token_ids`` when the caller did not set them (sampling parameters are never touched).
+    ``export_tokens``: also put token ids and logprobs on exported span attributes (large).
+    """
+
+    request_training_data: bool = True
+    export_tokens: bool = False
+
+
+def message_dict(message: Any) -> dict[str, Any]:
+    """A request message as a plain dict (SDK message objects are dumped, dicts copied)."""
+    if isinstance(message, Mapping):
+        return dict(message)
+    dump = getattr(message, "model_dump", None)
+    if dump is not None:
+        return dict(dump(exclude_none=True))
+    raise TypeError(f"arttrace cannot record a message of type {type(message).__name__}")
+
+
+def _given(value: Any) -> bool:
+    return value is not None and not isinstance(value, _SENTINELS)
+
+
+def with_training_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` asking for logprobs and vLLM token ids, unless the caller already decided."""
+    out = dict(kwargs)
+    if not _given(out.get("logprobs")):
+        out["logprobs"] = True
+    extra_body = out.get("extra_body")
+    extra = dict(extra_body) if isinstance(extra_body, Mapping) else {}
+    if "return_token_ids" not in extra:
+        extra["return_token_ids"] = True
+        out["extra_body"] = extra
+    return out
+
+
+class Capture:
+    """One call in flight."""
+
+    __slots__ = ("_choices", "_done", "_lock", "call", "kwargs", "settings", "span", "trajectory")
+
+    def __init__(self, kwargs: dict[str, Any], settings: Settings, server: Any) -> None:
+        self.settings = settings
+        self.trajectory: Trajectory | None = _context.current_trajectory_var.get()
+        model = str(kwargs.get("model", ""))
+        scope = _context.policy_scope(model) if self.trajectory is not None else None
+        if scope is not None and settings.request_training_data:
+            kwargs = with_training_fields(dict(kwargs))
+        self.kwargs = kwargs
+        tools = kwargs.get("tools")
+        self.call = LLMCall(
+            model=model,
+            messages=[message_dict(m) for m in kwargs.get("messages") or ()],
+            tools=[dict(t) for t in tools] if _given(tools) else None,
+            params={k: jsonable(v) for k, v in kwargs.items() if k not in _NOT_PARAMS and _given(v)},
+            trainable=scope is not None,
+            agent=scope.name if scope else None,
+            streamed=bool(kwargs.get("stream")),
+        )
+        self.span = _tracer.start_span(
+            f"chat {model}", kind=SpanKind.CLIENT, attributes=_request_attributes(self, server)
+        )
+        self._choices: dict[int, _StreamedChoice] = {}
+        self._done = False
+        self._lock = threading.Lock()
+        if self.trajectory is not None:
+            self.trajectory._open(self)
+
+    # -- whole responses -------------------------------------------------------------------
+
+    def complete(self, completion: ChatCompletion) -> None:
+        call = self.call
+        extra = completion.model_extra or {}
+        call.prompt_token_ids = _ids(extra.get("prompt_token_ids"))
+        call.response_id, call.response_model = completion.id, completion.model
+        call.usage = completion.usage.model_dump(exclude_none=True) if completion.usage else None
+        call.choices = [_choice_record(c) for c in completion.choices]
+        self._finish()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def add_chunk(self, chunk: ChatCompletionChunk) -> None:
+        if self._done:
+            return
+        call = self.call
+        if call.response_id is None:
+            call.response_id, call.response_model = chunk.id, chunk.model
+        extra = chunk.__pydantic_extra__
+        if extra and call.prompt_token_ids is None and "prompt_token_ids" in extra:
+            call.prompt_token_ids = _ids(extra["prompt_token_ids"])
+        if chunk.usage is not None:
+            call.usage = chunk.usage.model_dump(exclude_none=True)
+        for choice in chunk.choices:
+            acc = self._choices.get(choice.index)
+            if acc is None:
+                acc = self._choices[choice.index] = _StreamedChoice(choice.index)
+            acc.add(choice)
+
+    def end_stream(self) -> None:
+        self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+        self._finish()
+
+    # -- endings ---------------------------------------------------------------------------
+
+    def fail(self, error: BaseException, *, partial: bool) -> None:
+        """The call raised (``partial``: after part of the response had arrived)."""
+        if partial:
+            self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+        self.call.partial = partial
+        self.call.error = f"{type(error).__name__}: {error}"
+        self.span.record_exception(error)
+        self.span.set_attribute("error.type", type(error).__qualname__)
+        self.span.set_status(Status(StatusCode.ERROR, str(error)))
+        self._finish()
+
+    def abandon(self, why: str) -> None:
+        """The caller stopped reading the stream before its end."""
+        if self._done:
+            return
+        self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+        self.call.partial = True
+        self.call.error = why
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        call = self.call
+        call.ended_at = time.time()
+        if self.span.is_recording():
+            self.span.set_attributes(_response_attributes(call, self.settings.export_tokens))
+        self.span.end()
+        if call.trainable and not call.error:
+            for choice in call.choices:
+                reason = call.untrainable_reason(choice)
+                if reason is not None:
+                    warn_untrainable(call.model, reason)
+                    break
+        if self.trajectory is not None:
+            self.trajectory._close(self)
+
+
+class _StreamedChoice:
+    """One choice reassembled from stream deltas."""
+
+    __slots__ = (
+        "content",
+        "finish_reason",
+        "index",
+        "logprobs",
+        "refusal",
+        "saw_logprobs",
+        "token_ids",
+        "tokens",
+        "tool_calls",
+        "top",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.logprobs = array("d")
+        self.tokens: list[str] = []
+        self.token_ids: array[int] | None = None
+        self.top: list[list[dict[str, Any]]] = []
+        self.saw_logprobs = False
+        self.finish_reason: str | None = None
+
+    def add(self, choice: Any) -> None:
+        delta = choice.delta
+        if delta.content:
+            self.content.append(delta.content)
+        if delta.refusal:
+            self.refusal.append(delta.refusal)
+        if delta.tool_calls:
+            for tc in delta.tool_calls:
+                slot = self.tool_calls.get(tc.index)
+                if slot is None:
+                    slot = self.tool_calls[tc.index] = {"id": None, "name": [], "arguments": []}
+                if tc.id:
+                    slot["id"] = tc.id
+                if tc.function is not None:
+                    if tc.function.name:
+                        slot["name"].append(tc.function.name)
+                    if tc.function.arguments:
+                        slot["arguments"].append(tc.function.arguments)
+        logprobs = choice.logprobs
+        if logprobs is not None and logprobs.content is not None:
+            self.saw_logprobs = True
+            content = logprobs.content
+            self.logprobs.extend([t.logprob for t in content])
+            self.tokens.extend([t.token for t in content])
+            self.top.extend(_top(t) for t in content)
+        extra = choice.__pydantic_extra__
+        if extra and extra.get("token_ids"):
+            if self.token_ids is None:
+                self.token_ids = array("q")
+            self.token_ids.extend(extra["token_ids"])
+        if choice.finish_reason:
+            self.finish_reason = choice.finish_reason
+
+    def record(self) -> ChoiceRecord:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": slot["id"],
+                    "type": "function",
+                    "function": {"name": "".join(slot["name"]), "arguments": "".join(slot["arguments"])},
+                }
+                for _, slot in sorted(self.tool_calls.items())
+            ]
+        record = ChoiceRecord(index=self.index, message=message, finish_reason=self.finish_reason)
+        if self.saw_logprobs:
+            record.logprobs = self.logprobs
+            _set_tokens(record, self.tokens, self.top)
+        if self.token_ids is not None:
+            record.token_ids = self.token_ids
+        return record
+
+
+def _top(token: ChatCompletionTokenLogprob) -> list[dict[str, Any]]:
+    return [{"token": t.token, "logprob": t.logprob} for t in token.top_logprobs or ()]
+
+
+def _set_tokens(record: ChoiceRecord, tokens: list[str], top: list[list[dict[str, Any]]]) -> None:
+    ids = token_ids_from_tokens(tokens)
+    if ids is None:
+        record.tokens = tokens
+    else:
+        record.token_ids = ids
+    if any(top):
+        record.top_logprobs = top
+
+
+def _ids(raw: Any) -> array[int] | None:
+    return None if raw is None else array("q", raw)
+
+
+def _choice_record(choice: Choice) -> ChoiceRecord:
+    m = choice.message
+    message: dict[str, Any] = {"role": "assistant", "content": m.content}
+    if m.refusal:
+        message["refusal"] = m.refusal
+    if m.tool_calls:
+        message["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in m.tool_calls]
+    record = ChoiceRecord(index=choice.index, message=message, finish_reason=choice.finish_reason)
+    logprobs = choice.logprobs
+    if logprobs is not None and logprobs.content is not None:
+        content = logprobs.content
+        record.logprobs = array("d", [t.logprob for t in content])
+        _set_tokens(record, [t.token for t in content], [_top(t) for t in content])
+    extra = choice.model_extra or {}
+    if extra.get("token_ids") is not None:
+        record.token_ids = _ids(extra["token_ids"])
+    return record
+
+
+def _request_attributes(capture: Capture, server: Any) -> dict[str, Any]:
+    call = capture.call
+    params = call.params
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.system": "openai",
+        "gen_ai.request.model": call.model,
+        "arttrace.trainable": call.trainable,
+    }
+    for param, name in (
+        ("temperature", "gen_ai.request.temperature"),
+        ("top_p", "gen_ai.request.top_p"),
+        ("max_tokens", "gen_ai.request.max_tokens"),
+        ("max_completion_tokens", "gen_ai.request.max_tokens"),
+        ("n", "gen_ai.request.choice.count"),
+        ("seed", "gen_ai.request.seed"),
+        ("presence_penalty", "gen_ai.request.presence_penalty"),
+        ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+    ):
+        value = params.get(param)
+        if isinstance(value, int | float):
+            attrs[name] = value
+    if call.agent:
+        attrs["arttrace.agent"] = call.agent
+    if capture.trajectory is not None:
+        attrs["arttrace.example_id"] = capture.trajectory.example_id
+    base_url = getattr(server, "base_url", None)
+    if base_url is not None:
+        attrs["server.address"] = base_url.host
+        if base_url.port:
+            attrs["server.port"] = base_url.port
+    return attrs
+
+
+def _response_attributes(call: LLMCall, export_tokens: bool) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "gen_ai.response.finish_reasons": [c.finish_reason or "" for c in call.choices],
+        "arttrace.partial": call.partial,
+    }
+    if call.response_id:
+        attrs["gen_ai.response.id"] = call.response_id
+    if call.response_model:
+        attrs["gen_ai.response.model"] = call.response_model
+    usage = call.usage or {}
+    if "prompt_tokens" in usage:
+        attrs["gen_ai.usage.input_tokens"] = usage["prompt_tokens"]
+    if "completion_tokens" in usage:
+        attrs["gen_ai.usage.output_tokens"] = usage["completion_tokens"]
+    if export_tokens:
+        if call.prompt_token_ids is not None:
+            attrs["arttrace.prompt_token_ids"] = call.prompt_token_ids.tolist()
+        for c in call.choices:
+            if c.token_ids is not None:
+                attrs[f"arttrace.choice.{c.index}.token_ids"] = c.token_ids.tolist()
+            if c.logprobs is not None:
+                attrs[f"arttrace.choice.{c.index}.logprobs"] = c.logprobs.tolist()
+    return attrs

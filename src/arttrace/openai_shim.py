@@ -1,0 +1,231 @@
+"""The OpenAI SDK shim: Chat Completions ``create`` (sync and async, streaming or not, and
+``with_raw_response``) wrapped with ``wrapt``; the caller sees exactly what it would see without it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import openai
+import wrapt
+from openai._legacy_response import LegacyAPIResponse
+from openai.resources.chat.completions import AsyncCompletions, Completions
+from openai.types.chat import ChatCompletion
+
+from . import _context
+from .capture import Capture, Settings
+
+_Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
+_global: Settings | None = None
+_ABANDONED = "the stream was closed before its end"
+
+
+def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
+    """Capture every Chat Completions call made through the OpenAI SDK (idempotent).
+
+    Calling it again changes the settings; :func:`uninstrument` undoes it. See
+    :class:`arttrace.capture.Settings` for the two options.
+    """
+    global _global
+    if _global is None:
+        wrapt.wrap_function_wrapper(Completions, "create", _wrapper(_global_settings, False))
+        wrapt.wrap_function_wrapper(AsyncCompletions, "create", _wrapper(_global_settings, True))
+    _global = Settings(request_training_data, export_tokens)
+
+
+def uninstrument() -> None:
+    """Remove the global patch (idempotent). Clients passed to :func:`wrap_openai` stay wrapped."""
+    global _global
+    if _global is None:
+        return
+    for cls in (Completions, AsyncCompletions):
+        patched = cls.__dict__["create"]
+        if isinstance(patched, wrapt.FunctionWrapper):
+            cls.create = patched.__wrapped__  # type: ignore[method-assign]
+    _global = None
+
+
+def is_instrumented() -> bool:
+    return _global is not None
+
+
+def wrap_openai(
+    client: _Client, *, request_training_data: bool = True, export_tokens: bool = False
+) -> _Client:
+    """Capture the Chat Completions calls of this one client, without a global patch.
+
+    Returns the same client. Copies made later with ``client.with_options()`` are not wrapped.
+    """
+    settings = Settings(request_training_data, export_tokens)
+    completions = client.chat.completions
+    if isinstance(completions.__dict__.get("create"), wrapt.FunctionWrapper):
+        completions.__dict__.pop("create")
+    is_async = isinstance(completions, AsyncCompletions)
+    completions.create = wrapt.FunctionWrapper(  # type: ignore[method-assign]
+        completions.create, _wrapper(lambda: settings, is_async)
+    )
+    completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped create
+    return client
+
+
+def _global_settings() -> Settings | None:
+    return _global
+
+
+def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
+    def sync_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        current = settings()
+        if current is None or _context.capturing.get():
+            return wrapped(*args, **kwargs)
+        capture = Capture(kwargs, current, getattr(instance, "_client", None))
+        token = _context.capturing.set(True)
+        try:
+            result = wrapped(*args, **capture.kwargs)
+        except BaseException as error:
+            capture.fail(error, partial=False)
+            raise
+        finally:
+            _context.capturing.reset(token)
+        return _observe(capture, result)
+
+    async def _async_create(wrapped: Any, args: Any, capture: Capture) -> Any:
+        token = _context.capturing.set(True)
+        try:
+            result = await wrapped(*args, **capture.kwargs)
+        except BaseException as error:
+            capture.fail(error, partial=False)
+            raise
+        finally:
+            _context.capturing.reset(token)
+        return _observe(capture, result)
+
+    def async_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        current = settings()
+        if current is None or _context.capturing.get():
+            return wrapped(*args, **kwargs)
+        capture = Capture(kwargs, current, getattr(instance, "_client", None))
+        return _async_create(wrapped, args, capture)
+
+    return async_create if is_async else sync_create
+
+
+def _observe(capture: Capture, result: Any) -> Any:
+    """Return ``result`` as the caller expects it, with the capture watching it."""
+    if isinstance(result, ChatCompletion):
+        capture.complete(result)
+        return result
+    if isinstance(result, openai.Stream):
+        return _Stream(result, capture)
+    if isinstance(result, openai.AsyncStream):
+        return _AsyncStream(result, capture)
+    if isinstance(result, LegacyAPIResponse):
+        return _RawResponse(result, capture)
+    capture.abandon(f"unrecognised response type {type(result).__name__}")
+    return result
+
+
+def _guarded(capture: Capture, chunk: Any) -> None:
+    try:
+        capture.add_chunk(chunk)
+    except Exception as error:  # a capture bug must never break the caller's stream
+        capture.abandon(f"arttrace could not read a chunk: {error!r}")
+
+
+class _Stream(wrapt.ObjectProxy):  # type: ignore[misc]
+    """``openai.Stream`` as the caller knows it, reassembled on the side."""
+
+    def __init__(self, stream: openai.Stream[Any], capture: Capture) -> None:
+        super().__init__(stream)
+        self._self_capture = capture
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            chunk = self.__wrapped__.__next__()
+        except StopIteration:
+            self._self_capture.end_stream()
+            raise
+        except Exception as error:
+            self._self_capture.fail(error, partial=True)
+            raise
+        _guarded(self._self_capture, chunk)
+        return chunk
+
+    def __enter__(self) -> _Stream:
+        self.__wrapped__.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.__wrapped__.__exit__(*exc)
+        finally:
+            self._self_capture.abandon(_ABANDONED)
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_capture.abandon(_ABANDONED)
+
+
+class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
+    """``openai.AsyncStream`` as the caller knows it, reassembled on the side."""
+
+    def __init__(self, stream: openai.AsyncStream[Any], capture: Capture) -> None:
+        super().__init__(stream)
+        self._self_capture = capture
+
+    def __aiter__(self) -> _AsyncStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            chunk = await self.__wrapped__.__anext__()
+        except StopAsyncIteration:
+            self._self_capture.end_stream()
+            raise
+        except Exception as error:
+            self._self_capture.fail(error, partial=True)
+            raise
+        _guarded(self._self_capture, chunk)
+        return chunk
+
+    async def __aenter__(self) -> _AsyncStream:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        try:
+            return await self.__wrapped__.__aexit__(*exc)
+        finally:
+            self._self_capture.abandon(_ABANDONED)
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_capture.abandon(_ABANDONED)
+
+
+class _RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
+    """``with_raw_response``: the same ``LegacyAPIResponse``; ``parse()`` gives a watched stream."""
+
+    def __init__(self, response: LegacyAPIResponse[Any], capture: Capture) -> None:
+        super().__init__(response)
+        self._self_capture = capture
+        self._self_stream: Any = None
+        if not capture.call.streamed:
+            try:  # parse() is cached by the SDK: the caller's own parse() gets this same object
+                capture.complete(response.parse())
+            except Exception as error:
+                capture.fail(error, partial=True)
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.__wrapped__.parse(*args, **kwargs)
+        if isinstance(result, openai.Stream | openai.AsyncStream):
+            if self._self_stream is None or self._self_stream.__wrapped__ is not result:
+                self._self_stream = _observe(self._self_capture, result)
+            return self._self_stream
+        return result

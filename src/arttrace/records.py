@@ -1,0 +1,149 @@
+"""The record of one LLM call, stored compactly (arrays, not one object per token)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+_TOKEN_ID_PREFIX = "token_id:"
+_sequence = itertools.count()
+
+
+def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
+    """Parse vLLM's ``token_id:<int>`` logprob tokens; ``None`` if any token has another form."""
+    if not all(t.startswith(_TOKEN_ID_PREFIX) for t in tokens):
+        return None
+    try:
+        return array("q", [int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens])
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class ChoiceRecord:
+    """One sampled choice: its message, and the exact tokens it was sampled as."""
+
+    index: int
+    message: dict[str, Any]
+    finish_reason: str | None = None
+    logprobs: array[float] | None = None
+    """Per-token logprobs of the sampled tokens, or ``None`` if the server sent none."""
+    token_ids: array[int] | None = None
+    """Sampled token ids (vLLM's ``token_ids``, else parsed from ``token_id:<int>`` tokens)."""
+    tokens: list[str] | None = None
+    """Logprob token strings, kept only when they are not ``token_id:<int>``."""
+    top_logprobs: list[list[dict[str, Any]]] | None = None
+    """Alternatives per token, kept only when the request asked for them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "message": self.message,
+            "finish_reason": self.finish_reason,
+            "logprobs": None if self.logprobs is None else self.logprobs.tolist(),
+            "token_ids": None if self.token_ids is None else self.token_ids.tolist(),
+            "tokens": self.tokens,
+            "top_logprobs": self.top_logprobs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChoiceRecord:
+        logprobs, token_ids = data.get("logprobs"), data.get("token_ids")
+        return cls(
+            index=data["index"],
+            message=data["message"],
+            finish_reason=data.get("finish_reason"),
+            logprobs=None if logprobs is None else array("d", logprobs),
+            token_ids=None if token_ids is None else array("q", token_ids),
+            tokens=data.get("tokens"),
+            top_logprobs=data.get("top_logprobs"),
+        )
+
+
+@dataclass(slots=True)
+class LLMCall:
+    """One Chat Completions call: what the model saw and what it produced."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    choices: list[ChoiceRecord] = field(default_factory=list)
+    prompt_token_ids: array[int] | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    usage: dict[str, Any] | None = None
+    trainable: bool = False
+    """Made inside a ``@trainable`` function (whose model filter, if any, it matched)."""
+    agent: str | None = None
+    """Name of the innermost ``@trainable`` function the call was made in."""
+    streamed: bool = False
+    partial: bool = False
+    """The response did not arrive whole (stream cut, abandoned, or malformed)."""
+    error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    seq: int = field(default_factory=lambda: next(_sequence))
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(c.token_ids or c.logprobs or ()) for c in self.choices)
+
+    def untrainable_reason(self, choice: ChoiceRecord) -> str | None:
+        """Why ``choice`` cannot be trained on, or ``None`` when ART accepts it."""
+        if self.partial or self.error:
+            return "the response was incomplete"
+        if choice.logprobs is None:
+            return "no logprobs"
+        if choice.token_ids is None or self.prompt_token_ids is None:
+            return "no token ids"
+        if len(choice.token_ids) != len(choice.logprobs):
+            return "token ids and logprobs differ in length"
+        if choice.finish_reason is None:
+            return "no finish reason"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": self.messages,
+            "tools": self.tools,
+            "params": self.params,
+            "choices": [c.to_dict() for c in self.choices],
+            "prompt_token_ids": None
+            if self.prompt_token_ids is None
+            else self.prompt_token_ids.tolist(),
+            "response_id": self.response_id,
+            "response_model": self.response_model,
+            "usage": self.usage,
+            "trainable": self.trainable,
+            "agent": self.agent,
+            "streamed": self.streamed,
+            "partial": self.partial,
+            "error": self.error,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LLMCall:
+        prompt = data.get("prompt_token_ids")
+        fields = {k: v for k, v in data.items() if k not in ("choices", "prompt_token_ids")}
+        return cls(
+            **fields,
+            choices=[ChoiceRecord.from_dict(c) for c in data.get("choices", [])],
+            prompt_token_ids=None if prompt is None else array("q", prompt),
+        )
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it survives a JSON round trip, else its ``repr`` (for request params)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value

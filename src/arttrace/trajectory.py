@@ -1,0 +1,233 @@
+"""One run of one training example: the calls it made, its reward, and its ART form."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from contextvars import Token
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import art
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from . import _context
+from .art_convert import history, messages_and_choices
+from .conversations import Conversation, assemble
+from .records import LLMCall
+
+if TYPE_CHECKING:
+    from .capture import Capture
+
+MetadataValue = str | int | float | bool | None
+_tracer = trace.get_tracer("arttrace")
+
+
+class Trajectory:
+    """What one run of one example did. Use it through :func:`trajectory`.
+
+    ``calls`` are every LLM call made inside the ``with`` block (in start order);
+    ``reward``, ``metrics`` and ``metadata`` go to ART with them. An exception raised in the
+    block is kept in ``exception`` and re-raised.
+    """
+
+    def __init__(self, example_id: str | int, metadata: dict[str, MetadataValue] | None = None):
+        self.example_id = str(example_id)
+        self.metadata: dict[str, MetadataValue] = dict(metadata or {})
+        _check_metadata(self.metadata)
+        self.metrics: dict[str, float | int | bool] = {}
+        self.exception: dict[str, str] | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self._reward: float | None = None
+        self._calls: list[LLMCall] = []
+        self._open_captures: set[Capture] = set()
+        self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
+
+    # -- reward ----------------------------------------------------------------------------
+
+    @property
+    def reward(self) -> float | None:
+        return self._reward
+
+    @reward.setter
+    def reward(self, value: float) -> None:
+        self._reward = check_reward(value)
+
+    # -- the with block --------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        if self._scope is not None or self.ended_at is not None:
+            raise RuntimeError(f"trajectory {self.example_id!r} was already entered; open a new one")
+        self.started_at = time.time()
+        span = _tracer.start_span(
+            f"trajectory {self.example_id}", attributes={"arttrace.example_id": self.example_id}
+        )
+        self._scope = (
+            _context.current_trajectory_var.set(self),
+            otel_context.attach(trace.set_span_in_context(span)),
+            span,
+        )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._scope is not None, "trajectory exited without being entered"
+        token, otel_token, span = self._scope
+        self._scope = None
+        for capture in list(self._open_captures):
+            capture.abandon("the trajectory ended before the call finished")
+        if exc is not None:
+            self.exception = {
+                "type": type(exc).__qualname__,
+                "message": str(exc),
+                "traceback": "".join(traceback.format_exception(exc)),
+            }
+            span.record_exception(exc)
+        if self._reward is not None:
+            span.set_attribute("arttrace.reward", self._reward)
+        span.end()
+        otel_context.detach(otel_token)  # type: ignore[arg-type]
+        _context.current_trajectory_var.reset(token)
+        self.ended_at = time.time()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def _open(self, capture: Capture) -> None:
+        self._open_captures.add(capture)
+
+    def _close(self, capture: Capture) -> None:
+        self._open_captures.discard(capture)
+        self._calls.append(capture.call)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[LLMCall]:
+        return sorted(self._calls, key=lambda c: c.seq)
+
+    def conversations(self) -> list[Conversation]:
+        """The calls assembled into conversations, the main one first."""
+        conversations = assemble(self._calls)
+        main = next((i for i, c in enumerate(conversations) if c.trainable_turns), 0)
+        if conversations:
+            conversations.insert(0, conversations.pop(main))
+        return conversations
+
+    @property
+    def trainable_turns(self) -> int:
+        return sum(c.trainable_turns for c in self.conversations())
+
+    def to_art(self) -> art.Trajectory:
+        """This run as an ``art.Trajectory``: the main conversation in ``messages_and_choices``,
+        the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``."""
+        if self._reward is None:
+            raise ValueError(
+                f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
+                "(or `arttrace.current_trajectory().reward = ...`) before converting it"
+            )
+        main, *others = self.conversations() or [Conversation()]
+        logs = [] if self.exception is None else [self.exception["traceback"]]
+        return art.Trajectory(
+            messages_and_choices=messages_and_choices(main),
+            tools=main.tools,
+            additional_histories=[history(c) for c in others],
+            reward=self._reward,
+            metrics=dict(self.metrics),
+            metadata={**self.metadata, "example_id": self.example_id},
+            logs=logs,
+        )
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "example_id": self.example_id,
+            "reward": self._reward,
+            "metrics": self.metrics,
+            "metadata": self.metadata,
+            "exception": self.exception,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "calls": [c.to_dict() for c in self.calls],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        t = cls(data["example_id"], data.get("metadata"))
+        if data.get("reward") is not None:
+            t.reward = data["reward"]
+        t.metrics = dict(data.get("metrics") or {})
+        t.exception = data.get("exception")
+        t.started_at, t.ended_at = data.get("started_at"), data.get("ended_at")
+        t._calls = [LLMCall.from_dict(c) for c in data.get("calls", [])]
+        return t
+
+    def save(self, path: str | Path) -> None:
+        """Write this run as JSON; :meth:`load` gives it back, trainable turns and all."""
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trajectory:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def __repr__(self) -> str:
+        return (
+            f"Trajectory(example_id={self.example_id!r}, calls={len(self._calls)}, "
+            f"reward={self._reward!r})"
+        )
+
+
+def trajectory(example_id: str | int, metadata: dict[str, MetadataValue] | None = None) -> Trajectory:
+    """Scope one run of one example: ``with trajectory("q-17") as t:`` (or ``async with``).
+
+    Every LLM call made inside, in this thread or asyncio task and the tasks it starts, is
+    recorded on ``t``. Calls made inside a ``@trainable`` function are the policy's turns; the
+    others are kept as context.
+    """
+    return Trajectory(example_id, metadata)
+
+
+def current_trajectory() -> Trajectory:
+    """The trajectory this code runs in; raises ``RuntimeError`` outside of one."""
+    current = _context.current_trajectory_var.get()
+    if current is None:
+        raise RuntimeError(
+            "no trajectory is active here: run this code inside `with arttrace.trajectory(example_id):`"
+        )
+    return current
+
+
+def check_reward(value: Any) -> float:
+    """``value`` as a finite float, or a ``ValueError`` saying what was wrong."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"reward must be a finite number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"reward must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_metadata(metadata: dict[str, Any]) -> None:
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str | int | float | bool | type(None)):
+            raise ValueError(
+                f"metadata[{key!r}] = {value!r}: ART accepts only str keys and "
+                "str, int, float, bool or None values"
+            )
