@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
+
+import openai
+import wrapt
+
+# Point the warning at the caller's code, not at the layers between it and the shim.
+_INTERNAL = tuple(
+    os.path.dirname(m.__file__ or "") for m in (openai, wrapt)
+) + (os.path.dirname(os.path.abspath(__file__)),)
 
 _FIXES = {
     "no logprobs": (
@@ -42,7 +51,7 @@ def warn_untrainable(model: str, reason: str) -> None:
         f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
         f"is kept as context only. {_FIXES.get(reason, '')}",
         UntrainableTurnWarning,
-        stacklevel=3,
+        skip_file_prefixes=_INTERNAL,
     )
 
 

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import openai
+import pytest
+
+import arttrace as at
+from arttrace import _warnings
+from arttrace.testing import LLMServer, ScriptedLLM, serve
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture
+def instrumented() -> Iterator[None]:
+    at.instrument()
+    yield
+    at.uninstrument()
+    _warnings.reset()
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[ScriptedLLM], LLMServer]]:
+    started: list[LLMServer] = []
+
+    def start(llm: ScriptedLLM) -> LLMServer:
+        started.append(serve(llm))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def clients(server: Callable[[ScriptedLLM], LLMServer]) -> Callable[..., tuple[openai.OpenAI, openai.AsyncOpenAI]]:
+    """Sync and async clients talking to a fresh scripted server over loopback HTTP."""
+
+    def make(llm: ScriptedLLM) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
+        url = server(llm).base_url
+        return (
+            openai.OpenAI(base_url=url, api_key="test", max_retries=0),
+            openai.AsyncOpenAI(base_url=url, api_key="test", max_retries=0),
+        )
+
+    return make
