@@ -218,6 +218,14 @@ def by_rollout(results: list[TokenizedResult]) -> dict[int, list[TokenizedResult
     return out
 
 
+def advantage(reward: float) -> float:
+    """GRPO's advantage over ROLLOUTS, as ART computes it with ``scale_rewards=True``."""
+    rewards = [r.reward for r in ROLLOUTS]
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return (reward - mean) / std
+
+
 def policy_choices(trajectory: art.Trajectory) -> list[Choice]:
     return [item for item in trajectory.messages_and_choices if isinstance(item, Choice)]
 
@@ -292,7 +300,7 @@ def test_art_trains_exactly_the_policy_turns(qwen: Any, runs: list[Run]) -> None
 
     results = by_rollout(tokenize(qwen, trajectories))
 
-    # rewards 1.0, 0.0, 0.5: advantages +1, -1 and 0; the zero-advantage run is left out
+    # rewards 1.0, 0.0, 0.5: advantages ±1.22 and 0; the zero-advantage run is left out
     assert sorted(results) == [0, 1]
     for number, run in enumerate(runs):
         if number not in results:
@@ -303,8 +311,7 @@ def test_art_trains_exactly_the_policy_turns(qwen: Any, runs: list[Run]) -> None
         # both policy turns in ONE sequence: turn 2's prompt extends turn 1's prompt + sample
         assert len(results[number]) == 1
         result = results[number][0]
-        assert result.advantage == pytest.approx(1.0 if run.rollout.reward == 1.0 else -1.0,
-                                                 abs=1e-4)
+        assert result.advantage == pytest.approx(advantage(run.rollout.reward), abs=1e-5)
         first_prompt, first_ids = (choices[0].model_extra[k] for k in ("prompt_token_ids",
                                                                        "token_ids"))
         second_prompt, second_ids = (choices[1].model_extra[k] for k in ("prompt_token_ids",
