@@ -47,7 +47,9 @@ def server() -> Iterator[Callable[[ScriptedLLM], LLMServer]]:
 
 
 @pytest.fixture
-def clients(server: Callable[[ScriptedLLM], LLMServer]) -> Callable[..., tuple[openai.OpenAI, openai.AsyncOpenAI]]:
+def clients(
+    server: Callable[[ScriptedLLM], LLMServer],
+) -> Callable[..., tuple[openai.OpenAI, openai.AsyncOpenAI]]:
     """Sync and async clients talking to a fresh scripted server over loopback HTTP."""
 
     def make(llm: ScriptedLLM) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:

@@ -20,10 +20,10 @@ import openai
 import pytest
 from art.preprocessing.tokenize import TokenizedResult, tokenize_trajectory_groups
 from openai.types.chat.chat_completion import Choice
-from qwen import qwen_tokenizer
 
 import arttrace as at
 from arttrace.testing import HFChatTokenizer, Reply, ScriptedLLM, ToolCall, serve
+from qwen import qwen_tokenizer
 
 MODEL = "qwen2.5-policy"
 TOOL_CALL, IM_END = 151657, 151645
@@ -64,14 +64,32 @@ class Rollout:
 
 
 ROLLOUTS = [
-    Rollout(1.0, {"city": "Paris"}, "sunny, 22°C", "It is sunny and 22°C in Paris.",
-            "Paris weather: sunny, 22°C.", streamed_turn=1),
-    Rollout(0.0, {"city": "Paris", "unit": "fahrenheit"}, "sunny, 72°F", "Paris is sunny (72°F).",
-            "Asked Paris weather; sunny, 72°F.", preamble="Let me check the weather.",
-            streamed_turn=0),
+    Rollout(
+        1.0,
+        {"city": "Paris"},
+        "sunny, 22°C",
+        "It is sunny and 22°C in Paris.",
+        "Paris weather: sunny, 22°C.",
+        streamed_turn=1,
+    ),
+    Rollout(
+        0.0,
+        {"city": "Paris", "unit": "fahrenheit"},
+        "sunny, 72°F",
+        "Paris is sunny (72°F).",
+        "Asked Paris weather; sunny, 72°F.",
+        preamble="Let me check the weather.",
+        streamed_turn=0,
+    ),
     # The group's mean reward: advantage 0, so ART leaves this run out.
-    Rollout(0.5, {"city": "Paris, France"}, "light rain, 14°C", "Light rain in Paris, 14°C.",
-            "Paris: light rain, 14°C.", streamed_turn=1),
+    Rollout(
+        0.5,
+        {"city": "Paris, France"},
+        "light rain, 14°C",
+        "Light rain in Paris, 14°C.",
+        "Paris: light rain, 14°C.",
+        streamed_turn=1,
+    ),
 ]
 
 
@@ -168,9 +186,8 @@ def policy_turn(client: openai.OpenAI, run: Run, *, stream: bool) -> dict[str, A
                 logprobs += [t.logprob for t in part.logprobs.content]
             content.append(part.delta.content or "")
             for tc in part.delta.tool_calls or ():
-                slot = calls.setdefault(
-                    tc.index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-                )
+                empty = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                slot = calls.setdefault(tc.index, empty)
                 slot["id"] += tc.id or ""
                 if tc.function is not None:
                     slot["function"]["name"] += tc.function.name or ""
@@ -254,8 +271,13 @@ def template_ids(qwen: Any, messages: list[dict[str, Any]], **kwargs: Any) -> li
         message = dict(message)
         if message.get("tool_calls"):
             message["tool_calls"] = [
-                {**tc, "function": {**tc["function"],
-                                    "arguments": json.loads(tc["function"]["arguments"])}}
+                {
+                    **tc,
+                    "function": {
+                        **tc["function"],
+                        "arguments": json.loads(tc["function"]["arguments"]),
+                    },
+                }
                 for tc in message["tool_calls"]
             ]
         rendered.append({**message, "content": message.get("content") or ""})
@@ -267,12 +289,41 @@ def template_ids(qwen: Any, messages: list[dict[str, Any]], **kwargs: Any) -> li
 
 
 def test_the_offline_tokenizer_is_qwen25(qwen: Any) -> None:
-    ids = template_ids(qwen, [{"role": "user", "content": "Hello world"}],
-                       add_generation_prompt=True)
+    ids = template_ids(
+        qwen, [{"role": "user", "content": "Hello world"}], add_generation_prompt=True
+    )
     assert ids == [
-        151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525,
-        264, 10950, 17847, 13, 151645, 198, 151644, 872, 198, 9707, 1879, 151645, 198,
-        151644, 77091, 198,
+        151644,
+        8948,
+        198,
+        2610,
+        525,
+        1207,
+        16948,
+        11,
+        3465,
+        553,
+        54364,
+        14817,
+        13,
+        1446,
+        525,
+        264,
+        10950,
+        17847,
+        13,
+        151645,
+        198,
+        151644,
+        872,
+        198,
+        9707,
+        1879,
+        151645,
+        198,
+        151644,
+        77091,
+        198,
     ]
     assert qwen.eos_token_id == IM_END and qwen.pad_token_id == 151643
     assert qwen.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]) == [TOOL_CALL, 151658]
@@ -312,10 +363,12 @@ def test_art_trains_exactly_the_policy_turns(qwen: Any, runs: list[Run]) -> None
         assert len(results[number]) == 1
         result = results[number][0]
         assert result.advantage == pytest.approx(advantage(run.rollout.reward), abs=1e-5)
-        first_prompt, first_ids = (choices[0].model_extra[k] for k in ("prompt_token_ids",
-                                                                       "token_ids"))
-        second_prompt, second_ids = (choices[1].model_extra[k] for k in ("prompt_token_ids",
-                                                                         "token_ids"))
+        first_prompt, first_ids = (
+            choices[0].model_extra[k] for k in ("prompt_token_ids", "token_ids")
+        )
+        second_prompt, second_ids = (
+            choices[1].model_extra[k] for k in ("prompt_token_ids", "token_ids")
+        )
         assert second_prompt[: len(first_prompt) + len(first_ids)] == first_prompt + first_ids
         assert result.token_ids == second_prompt + second_ids
         assert result.choice_offsets == [len(first_prompt), len(second_prompt)]
@@ -324,8 +377,9 @@ def test_art_trains_exactly_the_policy_turns(qwen: Any, runs: list[Run]) -> None
         # newline after <|im_end|>), i.e. what the model would see when trained on it
         whole = template_ids(qwen, run.messages, tools=TOOLS)
         assert whole[-1] == 198 and result.token_ids == whole[:-1]
-        assert first_prompt == template_ids(qwen, run.messages[:1], tools=TOOLS,
-                                            add_generation_prompt=True)
+        assert first_prompt == template_ids(
+            qwen, run.messages[:1], tools=TOOLS, add_generation_prompt=True
+        )
 
         # under the mask: exactly the sampled tokens of the two turns, with their logprobs
         tokens, logprobs = masked(result)
@@ -333,8 +387,11 @@ def test_art_trains_exactly_the_policy_turns(qwen: Any, runs: list[Run]) -> None
         choice_logprobs = [t.logprob for c in choices for t in c.logprobs.content]
         assert logprobs == choice_logprobs
         assert logprobs == run.seen_logprobs[0] + run.seen_logprobs[1]
-        assert all(math.isnan(lp) for lp, m in zip(result.logprobs, result.assistant_mask,
-                                                    strict=True) if not m)
+        assert all(
+            math.isnan(lp)
+            for lp, m in zip(result.logprobs, result.assistant_mask, strict=True)
+            if not m
+        )
         # the tool-call turn is trained, and it decodes to the Hermes tool call Qwen writes
         assert TOOL_CALL in tokens
         preamble = f"{run.rollout.preamble}\n" if run.rollout.preamble else ""
@@ -358,9 +415,7 @@ def test_equal_rewards_give_no_training_data(qwen: Any, runs: list[Run]) -> None
     assert len(tokenize(qwen, [run.trajectory.to_art() for run in runs])) == len(runs)
 
 
-def test_saved_trajectories_tokenize_the_same(
-    qwen: Any, runs: list[Run], tmp_path: Path
-) -> None:
+def test_saved_trajectories_tokenize_the_same(qwen: Any, runs: list[Run], tmp_path: Path) -> None:
     loaded = []
     for number, run in enumerate(runs):
         path = tmp_path / f"rollout-{number}.json"
@@ -381,8 +436,9 @@ def test_saved_trajectories_tokenize_the_same(
         assert reloaded.reward == original.reward
         assert len(reloaded.additional_histories) == len(original.additional_histories)
 
-    results_before, results_after = by_rollout(tokenize(qwen, before)), by_rollout(
-        tokenize(qwen, after)
+    results_before, results_after = (
+        by_rollout(tokenize(qwen, before)),
+        by_rollout(tokenize(qwen, after)),
     )
     assert sorted(results_after) == sorted(results_before) == [0, 1]
     for number, expected in results_before.items():

@@ -9,12 +9,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import TOOLS
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
 import arttrace as at
 from arttrace.records import ChoiceRecord, LLMCall
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
+from conftest import TOOLS
 
 PARALLEL = Reply(
     "Let me add both.",
@@ -61,7 +61,9 @@ def policy(client: openai.OpenAI, **kwargs: Any) -> Any:
     return agent()
 
 
-@pytest.mark.parametrize("reply", [Reply("The sum is 3."), PARALLEL], ids=["text", "parallel-tools"])
+@pytest.mark.parametrize(
+    "reply", [Reply("The sum is 3."), PARALLEL], ids=["text", "parallel-tools"]
+)
 def test_non_streaming_call_is_captured_exactly(instrumented, clients, reply):
     client, _ = clients(ScriptedLLM([reply]))
     with at.trajectory("ex") as t:
@@ -88,7 +90,9 @@ def test_n_greater_than_one_keeps_every_choice(instrumented, clients):
     assert [c.message["content"] for c in call.choices] == ["one", "two", "three"]
     t.reward = 1.0
     art_t = t.to_art()
-    histories = [art_t.messages_and_choices] + [h.messages_and_choices for h in art_t.additional_histories]
+    histories = [art_t.messages_and_choices] + [
+        h.messages_and_choices for h in art_t.additional_histories
+    ]
     assert [h[-1].message.content for h in histories] == ["one", "two", "three"]
 
 
@@ -121,19 +125,19 @@ def _stream_arms(clients, reply: Reply, *, use_async: bool, include_usage: bool)
                 return list(stream)
 
         with at.trajectory("ex") as t:
-            if use_async:
-                chunks = asyncio.run(run_async())
-            else:
-                chunks = run_sync()
+            chunks = asyncio.run(run_async()) if use_async else run_sync()
         at.uninstrument()
         results.append((chunks, t))
     return results
 
 
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("reply", [Reply("Streaming is fun."), PARALLEL], ids=["text", "parallel-tools"])
+@pytest.mark.parametrize(
+    "reply", [Reply("Streaming is fun."), PARALLEL], ids=["text", "parallel-tools"]
+)
 def test_stream_passes_through_untouched_and_is_reassembled(clients, reply, use_async):
     (plain, _), (chunks, t) = _stream_arms(clients, reply, use_async=use_async, include_usage=True)
+
     def dump(chunk: Any) -> dict[str, Any]:
         return chunk.model_dump(exclude={"created"})
 
@@ -142,8 +146,15 @@ def test_stream_passes_through_untouched_and_is_reassembled(clients, reply, use_
     assert call.streamed and not call.partial and call.error is None
     # Rebuild from the chunks the caller saw, independently of arttrace.
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    logprobs = [lp.logprob for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
-    token_ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids") or []]
+    logprobs = [
+        lp.logprob
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.content
+    ]
+    token_ids = [
+        i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids") or []
+    ]
     (choice,) = call.choices
     assert (choice.message["content"] or "") == content == (reply.content or "")
     assert choice.logprobs.tolist() == logprobs and choice.token_ids.tolist() == token_ids
@@ -180,7 +191,9 @@ def test_with_raw_response_sync(instrumented, clients, stream):
         raw = client.chat.completions.with_raw_response.create(
             model="policy", messages=[{"role": "user", "content": "hi"}], stream=stream
         )
-        assert raw.headers["content-type"].startswith("text/event-stream" if stream else "application/json")
+        assert raw.headers["content-type"].startswith(
+            "text/event-stream" if stream else "application/json"
+        )
         parsed = raw.parse()
         return list(parsed) if stream else parsed
 
@@ -277,7 +290,9 @@ async def test_respx_at_the_httpx_layer(instrumented, respx_mock):
 
     @at.trainable(name="solver")
     async def solve() -> str:
-        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+        r = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "q"}]
+        )
         return r.choices[0].message.content or ""
 
     async with at.trajectory(7, metadata={"split": "train"}) as t:

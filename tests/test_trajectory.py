@@ -12,29 +12,40 @@ import art
 import httpx
 import openai
 import pytest
-from conftest import TOOLS
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
+from conftest import TOOLS
 
 
-def ask(client: openai.OpenAI, messages: list[dict[str, Any]], model: str = "policy", **kw: Any) -> Any:
+def ask(
+    client: openai.OpenAI, messages: list[dict[str, Any]], model: str = "policy", **kw: Any
+) -> Any:
     return client.chat.completions.create(model=model, messages=messages, **kw).choices[0].message
 
 
 # -- conversations ------------------------------------------------------------------------
 
 
-def test_tool_loop_is_one_conversation_and_side_calls_are_additional_histories(instrumented, clients):
+def test_tool_loop_is_one_conversation_and_side_calls_are_additional_histories(
+    instrumented, clients
+):
     llm = ScriptedLLM(
-        [Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 2})]), Reply("It is 3."), Reply("Summary: 3")]
+        [
+            Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 2})]),
+            Reply("It is 3."),
+            Reply("Summary: 3"),
+        ]
     )
     client, _ = clients(llm)
 
     @at.trainable
     def agent(question: str) -> str:
-        messages: list[Any] = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": question}]
+        messages: list[Any] = [
+            {"role": "system", "content": "Use tools."},
+            {"role": "user", "content": question},
+        ]
         first = ask(client, messages, tools=TOOLS)
         messages.append(first)  # the SDK object, as many agents do
         messages.append({"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3"})
@@ -50,13 +61,18 @@ def test_tool_loop_is_one_conversation_and_side_calls_are_additional_histories(i
     assert isinstance(result, art.Trajectory)
     items = result.messages_and_choices
     assert [type(i).__name__ if isinstance(i, Choice) else i["role"] for i in items] == [
-        "system", "user", "Choice", "tool", "Choice",
+        "system",
+        "user",
+        "Choice",
+        "tool",
+        "Choice",
     ]
     assert items[2].message.tool_calls[0].function.name == "add"
     assert items[4].message.content == "It is 3."
     assert all(i.logprobs is not None for i in items if isinstance(i, Choice))
-    assert items[4].model_extra["prompt_token_ids"][: len(items[2].model_extra["prompt_token_ids"])] == (
-        items[2].model_extra["prompt_token_ids"]
+    assert (
+        items[4].model_extra["prompt_token_ids"][: len(items[2].model_extra["prompt_token_ids"])]
+        == (items[2].model_extra["prompt_token_ids"])
     )
     assert result.tools == TOOLS
     (summary,) = result.additional_histories
@@ -98,7 +114,9 @@ def test_calls_outside_trainable_are_context_only(instrumented, clients):
 
 
 def test_generators_are_trainable_only_while_they_run(instrumented, clients):
-    client, _ = clients(ScriptedLLM([Reply("g1"), Reply("between"), Reply("g2"), Reply("a1"), Reply("a2")]))
+    client, _ = clients(
+        ScriptedLLM([Reply("g1"), Reply("between"), Reply("g2"), Reply("a1"), Reply("a2")])
+    )
 
     @at.trainable
     def steps():
@@ -154,7 +172,8 @@ async def test_thousand_concurrent_rollouts_stay_separate(instrumented):
 
     llm = ScriptedLLM(reply)
     client = openai.AsyncOpenAI(
-        base_url="http://scripted/v1", api_key="k",
+        base_url="http://scripted/v1",
+        api_key="k",
         http_client=httpx.AsyncClient(transport=llm.transport()),
     )
 
@@ -173,9 +192,13 @@ async def test_thousand_concurrent_rollouts_stay_separate(instrumented):
 
     trajectories = await asyncio.gather(*(rollout(i) for i in range(1000)))
     for i, t in enumerate(trajectories):
-        assert [c.messages[0]["content"] for c in t.calls] == [f"rollout {i} turn 0", f"rollout {i} turn 1"]
+        assert [c.messages[0]["content"] for c in t.calls] == [
+            f"rollout {i} turn 0",
+            f"rollout {i} turn 1",
+        ]
         assert [c.choices[0].message["content"] for c in t.calls] == [
-            f"answer to rollout {i} turn 0", f"answer to rollout {i} turn 1"
+            f"answer to rollout {i} turn 0",
+            f"answer to rollout {i} turn 1",
         ]
 
 
@@ -267,10 +290,14 @@ def test_cut_stream_raises_the_sdk_error_and_marks_the_call(instrumented, client
         raise AssertionError("the cut stream did not fail")
 
     at.uninstrument()
-    plain_error = run(clients(ScriptedLLM([Reply("a long answer that is cut")], cut_stream_after=4)))
+    plain_error = run(
+        clients(ScriptedLLM([Reply("a long answer that is cut")], cut_stream_after=4))
+    )
     at.instrument()
     with at.trajectory("ex") as t:
-        error = at.trainable(run)(clients(ScriptedLLM([Reply("a long answer that is cut")], cut_stream_after=4)))
+        error = at.trainable(run)(
+            clients(ScriptedLLM([Reply("a long answer that is cut")], cut_stream_after=4))
+        )
     assert error is plain_error and issubclass(error, httpx.RemoteProtocolError)
     (call,) = t.calls
     assert call.partial and "RemoteProtocolError" in call.error
@@ -308,16 +335,23 @@ def test_missing_reward_and_bad_metadata_are_clear_errors():
 
 
 def test_save_and_load_keep_trainable_turns(instrumented, clients, tmp_path):
-    client, _ = clients(ScriptedLLM([Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 1})]), Reply("2")]))
+    client, _ = clients(
+        ScriptedLLM([Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 1})]), Reply("2")])
+    )
 
     @at.trainable
     def agent() -> None:
         messages: list[Any] = [{"role": "user", "content": "1+1"}]
         messages.append(ask(client, messages, tools=TOOLS))
-        messages.append({"role": "tool", "tool_call_id": messages[-1].tool_calls[0].id, "content": "2"})
+        messages.append(
+            {"role": "tool", "tool_call_id": messages[-1].tool_calls[0].id, "content": "2"}
+        )
         list(
             client.chat.completions.create(
-                model="policy", messages=messages, tools=TOOLS, stream=True,
+                model="policy",
+                messages=messages,
+                tools=TOOLS,
+                stream=True,
                 stream_options={"include_usage": True},
             )
         )
@@ -329,7 +363,10 @@ def test_save_and_load_keep_trainable_turns(instrumented, clients, tmp_path):
     loaded = at.Trajectory.load(tmp_path / "t.json")
     before, after = t.to_art(), loaded.to_art()
     assert after.model_dump() == before.model_dump()
-    assert sum(isinstance(i, Choice) and i.logprobs is not None for i in after.messages_and_choices) == 2
+    assert (
+        sum(isinstance(i, Choice) and i.logprobs is not None for i in after.messages_and_choices)
+        == 2
+    )
 
 
 # -- living next to ART's own capture ----------------------------------------------------
@@ -339,7 +376,11 @@ def test_save_and_load_keep_trainable_turns(instrumented, clients, tmp_path):
 def test_art_capture_scope_does_not_double_count(instrumented, clients, stream):
     client, _ = clients(ScriptedLLM([Reply("once")]))
     with art.Trajectory() as art_scope, at.trajectory("ex") as t:
-        message = at.trainable(ask)(client, [{"role": "user", "content": "q"}], stream=False) if not stream else None
+        message = (
+            at.trainable(ask)(client, [{"role": "user", "content": "q"}], stream=False)
+            if not stream
+            else None
+        )
         if stream:
             chunks = list(
                 at.trainable(client.chat.completions.create)(

@@ -1,15 +1,15 @@
 """arttrace: capture what an existing LLM agent does, and train its model with OpenPipe ART.
 
-    import arttrace as at
+import arttrace as at
 
-    at.instrument()                          # patch the OpenAI SDK (or at.wrap_openai(client))
+at.instrument()                          # patch the OpenAI SDK (or at.wrap_openai(client))
 
-    @at.trainable                            # the LLM calls made inside are the policy's turns
-    async def solve(question: str) -> str: ...
+@at.trainable                            # the LLM calls made inside are the policy's turns
+async def solve(question: str) -> str: ...
 
-    with at.trajectory("q-17") as t:         # one run of one example
-        t.reward = score(await solve("..."))
-    t.to_art()                               # an art.Trajectory, trainable turns as Choices
+with at.trajectory("q-17") as t:         # one run of one example
+    t.reward = score(await solve("..."))
+t.to_art()                               # an art.Trajectory, trainable turns as Choices
 """
 
 from ._warnings import UntrainableTurnWarning

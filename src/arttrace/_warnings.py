@@ -10,9 +10,10 @@ import openai
 import wrapt
 
 # Point the warning at the caller's code, not at the layers between it and the shim.
-_INTERNAL = tuple(
-    os.path.dirname(m.__file__ or "") for m in (openai, wrapt)
-) + (os.path.dirname(os.path.abspath(__file__)),)
+_INTERNAL = (
+    *(os.path.dirname(m.__file__ or "") for m in (openai, wrapt)),
+    os.path.dirname(os.path.abspath(__file__)),
+)
 
 _FIXES = {
     "no logprobs": (

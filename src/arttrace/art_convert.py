@@ -28,7 +28,8 @@ def messages_and_choices(conversation: Conversation) -> list[Any]:
 
 def history(conversation: Conversation) -> LegacyHistory:
     return LegacyHistory(
-        messages_and_choices=messages_and_choices(conversation), tools=conversation.tools
+        messages_and_choices=messages_and_choices(conversation),
+        tools=conversation.tools,  # type: ignore[arg-type]  # plain dicts of that TypedDict shape
     )
 
 

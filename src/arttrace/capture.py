@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from .trajectory import Trajectory
 
 _tracer = trace.get_tracer("arttrace")
-_NOT_PARAMS = frozenset(
-    {"messages", "tools", "extra_headers", "extra_query", "timeout", "model"}
-)
+_NOT_PARAMS = frozenset({"messages", "tools", "extra_headers", "extra_query", "timeout", "model"})
 _SENTINELS = (openai.NotGiven, openai.Omit)
 
 
@@ -94,8 +92,10 @@ class Capture:
         self.call = LLMCall(
             model=model,
             messages=[message_dict(m) for m in kwargs.get("messages") or ()],
-            tools=[dict(t) for t in tools] if _given(tools) else None,
-            params={k: jsonable(v) for k, v in kwargs.items() if k not in _NOT_PARAMS and _given(v)},
+            tools=[dict(t) for t in tools] if tools is not None and _given(tools) else None,
+            params={
+                k: jsonable(v) for k, v in kwargs.items() if k not in _NOT_PARAMS and _given(v)
+            },
             trainable=scope is not None,
             agent=scope.name if scope else None,
             streamed=bool(kwargs.get("stream")),
@@ -255,7 +255,10 @@ class _StreamedChoice:
                 {
                     "id": slot["id"],
                     "type": "function",
-                    "function": {"name": "".join(slot["name"]), "arguments": "".join(slot["arguments"])},
+                    "function": {
+                        "name": "".join(slot["name"]),
+                        "arguments": "".join(slot["arguments"]),
+                    },
                 }
                 for _, slot in sorted(self.tool_calls.items())
             ]

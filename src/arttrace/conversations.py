@@ -82,7 +82,11 @@ def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> 
     best: Conversation | None = None
     for conversation in conversations:
         n = len(conversation.keys)
-        if n <= len(keys) and (best is None or n > len(best.keys)) and keys[:n] == conversation.keys:
+        if (
+            n <= len(keys)
+            and (best is None or n > len(best.keys))
+            and keys[:n] == conversation.keys
+        ):
             best = conversation
     return best
 
@@ -94,7 +98,10 @@ def message_key(message: dict[str, Any]) -> Hashable:
     text parts vs a string, surrounding whitespace, tool-call ids, JSON argument formatting.
     """
     calls = tuple(
-        (_field(_field(tc, "function"), "name"), _arguments(_field(_field(tc, "function"), "arguments")))
+        (
+            _field(_field(tc, "function"), "name"),
+            _arguments(_field(_field(tc, "function"), "arguments")),
+        )
         for tc in message.get("tool_calls") or ()
     )
     return (message.get("role"), _text(message.get("content")), calls)
@@ -122,5 +129,5 @@ def _arguments(arguments: Any) -> str:
         try:
             arguments = json.loads(arguments)
         except ValueError:
-            return arguments
+            return str(arguments)
     return json.dumps(arguments, sort_keys=True)

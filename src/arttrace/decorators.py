@@ -6,7 +6,7 @@ import functools
 import inspect
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -38,9 +38,9 @@ def trainable(
     def decorate(fn: F) -> F:
         scope = TrainableScope(name or fn.__qualname__, model)
         if inspect.isasyncgenfunction(fn):
-            return _wrap_async_generator(fn, scope)  # type: ignore[return-value]
+            return cast(F, _wrap_async_generator(fn, scope))
         if inspect.isgeneratorfunction(fn):
-            return _wrap_generator(fn, scope)  # type: ignore[return-value]
+            return cast(F, _wrap_generator(fn, scope))
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
@@ -115,7 +115,9 @@ def _wrap_generator(fn: Callable[..., Generator[Any, Any, Any]], scope: Trainabl
     return wrapper
 
 
-def _wrap_async_generator(fn: Callable[..., AsyncGenerator[Any, Any]], scope: TrainableScope) -> Any:
+def _wrap_async_generator(
+    fn: Callable[..., AsyncGenerator[Any, Any]], scope: TrainableScope
+) -> Any:
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         with _span(scope) as span:

@@ -1,5 +1,5 @@
 """The OpenAI SDK shim: Chat Completions ``create`` (sync and async, streaming or not, and
-``with_raw_response``) wrapped with ``wrapt``; the caller sees exactly what it would see without it."""
+``with_raw_response``) wrapped with ``wrapt``; the caller sees what it would see without it."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def wrap_openai(
     if isinstance(completions.__dict__.get("create"), wrapt.FunctionWrapper):
         completions.__dict__.pop("create")
     is_async = isinstance(completions, AsyncCompletions)
-    completions.create = wrapt.FunctionWrapper(  # type: ignore[method-assign]
+    completions.create = wrapt.FunctionWrapper(  # type: ignore[method-assign,assignment]
         completions.create, _wrapper(lambda: settings, is_async)
     )
     completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped create
@@ -131,7 +131,7 @@ def _guarded(capture: Capture, chunk: Any) -> None:
         capture.abandon(f"arttrace could not read a chunk: {error!r}")
 
 
-class _Stream(wrapt.ObjectProxy):  # type: ignore[misc]
+class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``openai.Stream`` as the caller knows it, reassembled on the side."""
 
     def __init__(self, stream: openai.Stream[Any], capture: Capture) -> None:
@@ -170,7 +170,7 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[misc]
             self._self_capture.abandon(_ABANDONED)
 
 
-class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
+class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``openai.AsyncStream`` as the caller knows it, reassembled on the side."""
 
     def __init__(self, stream: openai.AsyncStream[Any], capture: Capture) -> None:
@@ -209,7 +209,7 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[misc]
             self._self_capture.abandon(_ABANDONED)
 
 
-class _RawResponse(wrapt.ObjectProxy):  # type: ignore[misc]
+class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``with_raw_response``: the same ``LegacyAPIResponse``; ``parse()`` gives a watched stream."""
 
     def __init__(self, response: LegacyAPIResponse[Any], capture: Capture) -> None:

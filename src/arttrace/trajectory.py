@@ -62,7 +62,9 @@ class Trajectory:
 
     def __enter__(self) -> Self:
         if self._scope is not None or self.ended_at is not None:
-            raise RuntimeError(f"trajectory {self.example_id!r} was already entered; open a new one")
+            raise RuntimeError(
+                f"trajectory {self.example_id!r} was already entered; open a new one"
+            )
         self.started_at = time.time()
         span = _tracer.start_span(
             f"trajectory {self.example_id}", attributes={"arttrace.example_id": self.example_id}
@@ -147,7 +149,7 @@ class Trajectory:
         logs = [] if self.exception is None else [self.exception["traceback"]]
         return art.Trajectory(
             messages_and_choices=messages_and_choices(main),
-            tools=main.tools,
+            tools=main.tools,  # type: ignore[arg-type]  # plain dicts of that TypedDict shape
             additional_histories=[history(c) for c in others],
             reward=self._reward,
             metrics=dict(self.metrics),
@@ -195,7 +197,9 @@ class Trajectory:
         )
 
 
-def trajectory(example_id: str | int, metadata: dict[str, MetadataValue] | None = None) -> Trajectory:
+def trajectory(
+    example_id: str | int, metadata: dict[str, MetadataValue] | None = None
+) -> Trajectory:
     """Scope one run of one example: ``with trajectory("q-17") as t:`` (or ``async with``).
 
     Every LLM call made inside, in this thread or asyncio task and the tasks it starts, is
@@ -210,7 +214,8 @@ def current_trajectory() -> Trajectory:
     current = _context.current_trajectory_var.get()
     if current is None:
         raise RuntimeError(
-            "no trajectory is active here: run this code inside `with arttrace.trajectory(example_id):`"
+            "no trajectory is active here: "
+            "run this code inside `with arttrace.trajectory(example_id):`"
         )
     return current
 

@@ -109,7 +109,7 @@ class ScriptedLLM:
         )
 
     def transport(self) -> httpx.MockTransport:
-        """An in-process transport: ``OpenAI(http_client=httpx.Client(transport=llm.transport()))``."""
+        """In-process: ``OpenAI(http_client=httpx.Client(transport=llm.transport()))``."""
         return httpx.MockTransport(self.handle)
 
     def respond(
@@ -150,15 +150,22 @@ class ScriptedLLM:
             message = _message(reply, number, index)
             completion = self.tokenizer.completion(messages, tools, message)
             logprobs = [
-                self._logprob(number, index, pos, tid) for pos, tid in enumerate(completion.token_ids)
+                self._logprob(number, index, pos, tid)
+                for pos, tid in enumerate(completion.token_ids)
             ]
             choice: dict[str, Any] = {
                 "index": index,
                 "message": message,
-                "logprobs": {"content": [self._entry(t, lp, top) for t, lp in zip(completion.token_ids, logprobs, strict=True)]}
+                "logprobs": {
+                    "content": [
+                        self._entry(t, lp, top)
+                        for t, lp in zip(completion.token_ids, logprobs, strict=True)
+                    ]
+                }
                 if want_logprobs
                 else None,
-                "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"),
+                "finish_reason": reply.finish_reason
+                or ("tool_calls" if reply.tool_calls else "stop"),
                 "stop_reason": None,
             }
             if want_ids:
@@ -179,7 +186,13 @@ class ScriptedLLM:
             },
             "prompt_token_ids": prompt if want_ids else None,
         }
-        return {"json": payload, "plans": plans, "top": top, "want_ids": want_ids, "want_logprobs": want_logprobs}
+        return {
+            "json": payload,
+            "plans": plans,
+            "top": top,
+            "want_ids": want_ids,
+            "want_logprobs": want_logprobs,
+        }
 
     def _logprob(self, number: int, index: int, position: int, token_id: int) -> float:
         h = zlib.crc32(f"{self.seed}:{number}:{index}:{position}:{token_id}".encode())
@@ -190,18 +203,43 @@ class ScriptedLLM:
         token = f"token_id:{token_id}" if self.tokens_as_ids else text
         alternatives = [{"token": token, "logprob": logprob, "bytes": list(text.encode())}]
         alternatives += [
-            {"token": f"token_id:{token_id + k}" if self.tokens_as_ids else f"{text}~{k}",
-             "logprob": logprob - k, "bytes": None}
+            {
+                "token": f"token_id:{token_id + k}" if self.tokens_as_ids else f"{text}~{k}",
+                "logprob": logprob - k,
+                "bytes": None,
+            }
             for k in range(1, top)
         ]
-        return {"token": token, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": alternatives[:top]}
+        return {
+            "token": token,
+            "logprob": logprob,
+            "bytes": list(text.encode()),
+            "top_logprobs": alternatives[:top],
+        }
 
     def _stream(self, body: dict[str, Any], response: dict[str, Any]) -> Iterator[bytes]:
         payload = response["json"]
-        head = {"id": payload["id"], "object": "chat.completion.chunk", "created": payload["created"], "model": payload["model"]}
+        head = {
+            "id": payload["id"],
+            "object": "chat.completion.chunk",
+            "created": payload["created"],
+            "model": payload["model"],
+        }
         chunks: list[dict[str, Any]] = []
-        for choice, (completion, logprobs) in zip(payload["choices"], response["plans"], strict=True):
-            first = {**head, "choices": [{"index": choice["index"], "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+        for choice, (completion, logprobs) in zip(
+            payload["choices"], response["plans"], strict=True
+        ):
+            first = {
+                **head,
+                "choices": [
+                    {
+                        "index": choice["index"],
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
             if response["want_ids"]:
                 first["prompt_token_ids"] = payload["prompt_token_ids"]
             chunks.append(first)
@@ -249,7 +287,9 @@ def _message(reply: Reply, number: int, index: int) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": tc.name,
-                    "arguments": tc.arguments if isinstance(tc.arguments, str) else json.dumps(tc.arguments),
+                    "arguments": tc.arguments
+                    if isinstance(tc.arguments, str)
+                    else json.dumps(tc.arguments),
                 },
             }
             for k, tc in enumerate(reply.tool_calls)
@@ -257,7 +297,9 @@ def _message(reply: Reply, number: int, index: int) -> dict[str, Any]:
     return message
 
 
-def _deltas(message: dict[str, Any], completion: Any, tokenizer: ChatTokenizer) -> list[dict[str, Any]]:
+def _deltas(
+    message: dict[str, Any], completion: Any, tokenizer: ChatTokenizer
+) -> list[dict[str, Any]]:
     """One delta per sampled token: content pieces, then tool calls (name first, then the
     arguments spread over the call's tokens), then an empty delta for the end token."""
     ids = completion.token_ids
@@ -266,11 +308,24 @@ def _deltas(message: dict[str, Any], completion: Any, tokenizer: ChatTokenizer) 
     if "".join(pieces) != content:  # tokenizer text is not exact: spread the string instead
         pieces = _spread(content, completion.content_tokens)
     deltas: list[dict[str, Any]] = [{"content": p} for p in pieces]
-    for k, (tool_call, count) in enumerate(zip(message.get("tool_calls") or (), completion.tool_call_tokens, strict=True)):
+    for k, (tool_call, count) in enumerate(
+        zip(message.get("tool_calls") or (), completion.tool_call_tokens, strict=True)
+    ):
         arguments = _spread(tool_call["function"]["arguments"], max(count - 1, 1))
-        head = {"index": k, "id": tool_call["id"], "type": "function", "function": {"name": tool_call["function"]["name"], "arguments": "" if count > 1 else arguments[0]}}
+        head = {
+            "index": k,
+            "id": tool_call["id"],
+            "type": "function",
+            "function": {
+                "name": tool_call["function"]["name"],
+                "arguments": "" if count > 1 else arguments[0],
+            },
+        }
         deltas.append({"content": None, "tool_calls": [head]})
-        deltas += [{"content": None, "tool_calls": [{"index": k, "function": {"arguments": a}}]} for a in arguments[: count - 1]]
+        deltas += [
+            {"content": None, "tool_calls": [{"index": k, "function": {"arguments": a}}]}
+            for a in arguments[: count - 1]
+        ]
     deltas += [{} for _ in range(len(ids) - len(deltas))]
     return deltas
 
@@ -291,7 +346,9 @@ class _EventStream(httpx.SyncByteStream, httpx.AsyncByteStream):
         try:
             yield from self._chunks
         except StreamCut:
-            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body") from None
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body"
+            ) from None
 
     async def __aiter__(self) -> Any:
         for chunk in self:

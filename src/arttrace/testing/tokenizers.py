@@ -7,7 +7,7 @@ import json
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 _PIECES = re.compile(r"\w+|\s+|[^\w\s]")
 
@@ -22,7 +22,9 @@ class Completion:
 
 
 class ChatTokenizer(Protocol):
-    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         """Token ids of the rendered conversation, ending with the assistant generation prompt."""
         ...
 
@@ -47,7 +49,13 @@ class SimpleChatTokenizer:
     its earlier prompt plus the sampled turn, as with a real chat template.
     """
 
-    SPECIAL = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<tool_call>": 3, "</tool_call>": 4}
+    SPECIAL: ClassVar[dict[str, int]] = {
+        "<|endoftext|>": 0,
+        "<|im_start|>": 1,
+        "<|im_end|>": 2,
+        "<tool_call>": 3,
+        "</tool_call>": 4,
+    }
 
     def __init__(self) -> None:
         self._texts: dict[int, str] = {v: k for k, v in self.SPECIAL.items()}
@@ -63,10 +71,16 @@ class SimpleChatTokenizer:
     def text(self, token_id: int) -> str:
         return self._texts.get(token_id, "")
 
-    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         ids: list[int] = []
         if tools:
-            ids += self._header("system") + self.encode(json.dumps(tools, sort_keys=True)) + self._end()
+            ids += (
+                self._header("system")
+                + self.encode(json.dumps(tools, sort_keys=True))
+                + self._end()
+            )
         for message in messages:
             ids += self._header(str(message.get("role"))) + self._body(message) + self._end()
         return ids + self._header("assistant")
@@ -110,7 +124,9 @@ class HFChatTokenizer:
         self.tokenizer = tokenizer
         self.end_id = int(tokenizer.convert_tokens_to_ids(end_token))
 
-    def _render(self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> list[int]:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool
+    ) -> list[int]:
         out = self.tokenizer.apply_chat_template(
             [_template_message(m) for m in messages],
             tools=tools or None,
@@ -120,7 +136,9 @@ class HFChatTokenizer:
         ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         return [int(i) for i in ids]
 
-    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         return self._render(messages, tools, True)
 
     def completion(
@@ -132,7 +150,9 @@ class HFChatTokenizer:
         prompt = self.prompt(messages, tools)
         full = self._render([*messages, reply], tools, False)
         if full[: len(prompt)] != prompt:
-            raise ValueError("the chat template does not render a turn as an extension of its prompt")
+            raise ValueError(
+                "the chat template does not render a turn as an extension of its prompt"
+            )
         ids = full[len(prompt) :]
         ids = ids[: ids.index(self.end_id) + 1] if self.end_id in ids else [*ids, self.end_id]
         content = _content_text(reply.get("content"))
@@ -140,9 +160,15 @@ class HFChatTokenizer:
         content_tokens = 0 if calls else len(ids) - 1
         if content and calls:
             decode = self.tokenizer.decode
-            content_tokens = next((k for k in range(1, len(ids)) if decode(ids[:k]) == content), 0)
+            # The longest prefix that is still text: a token merging the text's end with what
+            # follows (Qwen's ".\n") belongs to the tool call.
+            content_tokens = max(
+                (k for k in range(len(ids)) if content.startswith(decode(ids[:k]))), default=0
+            )
         rest = len(ids) - 1 - content_tokens
-        split = [rest // calls + (1 if i < rest % calls else 0) for i in range(calls)] if calls else []
+        split = (
+            [rest // calls + (1 if i < rest % calls else 0) for i in range(calls)] if calls else []
+        )
         return Completion(ids, content_tokens, split)
 
     def text(self, token_id: int) -> str:
