@@ -230,7 +230,8 @@ def test_training_fields_requested_only_for_policy_calls(instrumented, clients):
     client, _ = clients(llm)
     with at.trajectory("ex"):
         policy(client, temperature=0.3, top_p=0.9, extra_body={"top_k": 5})
-        policy(client, logprobs=False)
+        with pytest.warns(at.UntrainableTurnWarning, match="no logprobs"):
+            policy(client, logprobs=False)
         client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "x"}])
     first, second, judge = llm.requests
     assert first["logprobs"] is True and first["return_token_ids"] is True
@@ -244,7 +245,7 @@ def test_training_fields_can_be_left_alone(clients):
     client, _ = clients(llm)
     at.instrument(request_training_data=False)
     try:
-        with at.trajectory("ex"):
+        with pytest.warns(at.UntrainableTurnWarning), at.trajectory("ex"):
             policy(client)
     finally:
         at.uninstrument()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,6 +16,7 @@ from openai.types.chat import ChatCompletion
 from . import _context
 from .capture import Capture, Settings
 
+_log = logging.getLogger("arttrace")
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
 _global: Settings | None = None
 _ABANDONED = "the stream was closed before its end"
@@ -74,10 +76,9 @@ def _global_settings() -> Settings | None:
 
 def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
     def sync_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        current = settings()
-        if current is None or _context.capturing.get():
+        capture = _start(settings, instance, kwargs)
+        if capture is None:
             return wrapped(*args, **kwargs)
-        capture = Capture(kwargs, current, getattr(instance, "_client", None))
         token = _context.capturing.set(True)
         try:
             result = wrapped(*args, **capture.kwargs)
@@ -100,13 +101,26 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
         return _observe(capture, result)
 
     def async_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        current = settings()
-        if current is None or _context.capturing.get():
+        capture = _start(settings, instance, kwargs)
+        if capture is None:
             return wrapped(*args, **kwargs)
-        capture = Capture(kwargs, current, getattr(instance, "_client", None))
         return _async_create(wrapped, args, capture)
 
     return async_create if is_async else sync_create
+
+
+def _start(
+    settings: Callable[[], Settings | None], instance: Any, kwargs: dict[str, Any]
+) -> Capture | None:
+    """A capture for this call, or ``None`` to let it pass untouched."""
+    current = settings()
+    if current is None or _context.capturing.get():
+        return None
+    try:
+        return Capture(kwargs, current, getattr(instance, "_client", None))
+    except Exception:  # never let capture break the caller's request
+        _log.exception("arttrace could not capture a Chat Completions call; it runs uncaptured")
+        return None
 
 
 def _observe(capture: Capture, result: Any) -> Any:
