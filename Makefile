@@ -1,13 +1,14 @@
 # One command sets up and runs the main job (`make demo`); one sets up and runs the tests (`make test`).
 # Needs Python 3.12: found on PATH, or through pyenv (PYENV_VERSION=3.12 pyenv which python3.12).
-PYTHON ?= $(shell command -v python3.12 2>/dev/null || PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null)
+PYTHON ?= $(shell PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null || command -v python3.12 2>/dev/null)
 VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: setup setup-test demo test lint bench clean
 
 $(BIN)/python:
-	@test -n "$(PYTHON)" || { echo "Python 3.12 not found: install it (e.g. pyenv install 3.12) or run make PYTHON=/path/to/python3.12"; exit 1; }
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null || { \
+	  echo "Python 3.12 not found: install it (pyenv install 3.12) or run make PYTHON=/path/to/python3.12"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
