@@ -396,3 +396,39 @@ def test_art_capture_scope_does_not_double_count(instrumented, clients, stream):
     assert sum(isinstance(i, Choice) for i in converted.messages_and_choices) == 1
     assert converted.additional_histories == []
     assert len(art_scope.exchanges.chat_completions) == 1  # ART's own capture still works
+
+
+def test_malformed_stream_raises_the_sdk_error_and_marks_the_call(respx_mock):
+    good = ScriptedLLM([Reply("fine")])
+    _, _, chunks = good.respond(
+        {"model": "policy", "messages": [{"role": "user", "content": "q"}], "stream": True}
+    )
+    body = b"".join(list(chunks)[:2]) + b'data: {"id": "chatcmpl-1", "choices": [\n\n'
+    respx_mock.post("http://bad.test/v1/chat/completions").mock(
+        return_value=httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=body
+        )
+    )
+    client = openai.OpenAI(base_url="http://bad.test/v1", api_key="k", max_retries=0)
+
+    def consume() -> type[BaseException]:
+        try:
+            for _ in client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "q"}], stream=True
+            ):
+                pass
+        except Exception as error:
+            return type(error)
+        raise AssertionError("the malformed stream did not fail")
+
+    plain = consume()
+    at.instrument()
+    try:
+        with at.trajectory("ex") as t:
+            captured = at.trainable(consume)()
+    finally:
+        at.uninstrument()
+    assert captured is plain
+    (call,) = t.calls
+    assert call.partial and plain.__name__ in call.error
+    assert call.choices[0].message["content"] == "fine"  # the token that arrived whole
