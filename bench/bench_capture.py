@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.metadata
+import inspect
 import os
 import platform
 import statistics
@@ -50,12 +52,16 @@ TARGET_RATIO = 1.10
 TARGET_ART_RATIO = 1.0
 TARGET_BYTES_PER_TOKEN = 64.0
 
-ARMS = ("baseline", "arttrace", "baseline+ART patch", "ART capture")
+# baseline: the bare call; arttrace: in a trajectory and a @trainable function, instrumented;
+# scopes only: the same loop as arttrace, uninstrumented; base+ART patch: the bare call on
+# ART-patched httpx; ART capture: in `with art.Trajectory()` on ART-patched httpx.
+ARMS = ("baseline", "arttrace", "scopes only", "base+ART patch", "ART capture")
 # Which httpx (original or with ART's capture patch) and whether arttrace is instrumented.
 ARM_SETUP = {
     "baseline": (False, False),
     "arttrace": (False, True),
-    "baseline+ART patch": (True, False),
+    "scopes only": (False, False),
+    "base+ART patch": (True, False),
     "ART capture": (True, False),
 }
 
@@ -173,9 +179,12 @@ class Checks:
 
 
 def check_arm(checks: Checks, label: str, arm: str, last: Any) -> None:
-    """The last call of a block did what the arm claims (server answer, and capture)."""
-    if arm == "arttrace":
-        t: at.Trajectory = last
+    """The last call of a visit did what the arm claims (server answer, and capture)."""
+    if arm == "scopes only":
+        t, tokens = last
+        checks.expect(tokens == COMPLETION_TOKENS and not t.calls, f"{label}/{arm}: bad call")
+    elif arm == "arttrace":
+        t, _ = last
         calls = t.calls
         ok = len(calls) == 1
         if ok:
@@ -209,7 +218,9 @@ def check_arm(checks: Checks, label: str, arm: str, last: Any) -> None:
 
 # -- timing ----------------------------------------------------------------------------------
 
-Block = Callable[[int], Awaitable[tuple[float, Any]]]
+# k calls in a row -> (seconds per call, what the last call left to check); async arms return
+# a coroutine of that
+Block = Callable[[int], "tuple[float, Any] | Awaitable[tuple[float, Any]]"]
 
 
 def sync_blocks(client: openai.OpenAI, stream: bool) -> dict[str, Block]:
@@ -228,8 +239,8 @@ def sync_blocks(client: openai.OpenAI, stream: bool) -> dict[str, Block]:
         start = time.perf_counter()
         for i in range(k):
             with at.trajectory(i) as t:
-                policy()
-        return (time.perf_counter() - start) / k, t
+                tokens = policy()
+        return (time.perf_counter() - start) / k, (t, tokens)
 
     def art_arm(k: int) -> tuple[float, Any]:
         start = time.perf_counter()
@@ -238,17 +249,12 @@ def sync_blocks(client: openai.OpenAI, stream: bool) -> dict[str, Block]:
                 tokens = call()
         return (time.perf_counter() - start) / k, (trajectory, tokens)
 
-    def wrap(fn: Callable[[int], tuple[float, Any]]) -> Block:
-        async def block(k: int) -> tuple[float, Any]:
-            return fn(k)
-
-        return block
-
     return {
-        "baseline": wrap(baseline),
-        "arttrace": wrap(arttrace_arm),
-        "baseline+ART patch": wrap(baseline),
-        "ART capture": wrap(art_arm),
+        "baseline": baseline,
+        "arttrace": arttrace_arm,
+        "scopes only": arttrace_arm,
+        "base+ART patch": baseline,
+        "ART capture": art_arm,
     }
 
 
@@ -268,8 +274,8 @@ def async_blocks(client: openai.AsyncOpenAI, stream: bool) -> dict[str, Block]:
         start = time.perf_counter()
         for i in range(k):
             async with at.trajectory(i) as t:
-                await policy()
-        return (time.perf_counter() - start) / k, t
+                tokens = await policy()
+        return (time.perf_counter() - start) / k, (t, tokens)
 
     async def art_arm(k: int) -> tuple[float, Any]:
         start = time.perf_counter()
@@ -281,7 +287,8 @@ def async_blocks(client: openai.AsyncOpenAI, stream: bool) -> dict[str, Block]:
     return {
         "baseline": baseline,
         "arttrace": arttrace_arm,
-        "baseline+ART patch": baseline,
+        "scopes only": arttrace_arm,
+        "base+ART patch": baseline,
         "ART capture": art_arm,
     }
 
@@ -289,17 +296,27 @@ def async_blocks(client: openai.AsyncOpenAI, stream: bool) -> dict[str, Block]:
 @dataclass
 class ModeResult:
     label: str
-    calls_per_block: int
+    calls_per_visit: int
     rounds: int
-    seconds: dict[str, list[float]]  # per arm, one per-call mean per round
+    seconds: dict[str, list[float]]  # per arm: seconds per call, one figure per round
 
     def median(self, arm: str) -> float:
         return statistics.median(self.seconds[arm])
+
+    def low(self, arm: str) -> float:
+        """10th percentile: the calls least disturbed by whatever else the machine runs."""
+        return statistics.quantiles(self.seconds[arm], n=10)[0]
 
     def paired(self, arm: str, base: str, op: Callable[[float, float], float]) -> float:
         return statistics.median(
             op(a, b) for a, b in zip(self.seconds[arm], self.seconds[base], strict=True)
         )
+
+
+def _run(loop: asyncio.AbstractEventLoop, out: Any) -> tuple[float, Any]:
+    if inspect.isawaitable(out):
+        out = loop.run_until_complete(out)
+    return out  # type: ignore[no-any-return]
 
 
 def time_mode(
@@ -309,30 +326,31 @@ def time_mode(
     checks: Checks,
     label: str,
     blocks: dict[str, Block],
-    calls_per_block: int,
+    calls_per_visit: int,
     rounds: int,
 ) -> ModeResult:
-    # warm up every arm (imports, caches, the tokenizer's vocabulary), checking each
-    for arm in ARMS:
+    """Each round visits every arm once, in an order rotated from round to round, for
+    ``calls_per_visit`` calls; the arms thus share whatever drift or load the machine has."""
+    for arm in ARMS:  # warm-up (imports, caches, the tokenizer's vocabulary), checked
         configure(patch, arm)
-        _, last = loop.run_until_complete(blocks[arm](2))
+        _, last = _run(loop, blocks[arm](2))
         check_arm(checks, label, arm, last)
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    for r in range(rounds):
-        order = ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]  # rotate to spread drift
-        for arm in order:
-            configure(patch, arm)
+    gc.collect()
+    gc.disable()  # collected between rounds instead, so no timed call pays for one
+    try:
+        for r in range(rounds):
+            for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
+                configure(patch, arm)
+                per_call, last = _run(loop, blocks[arm](calls_per_visit))
+                seconds[arm].append(per_call)
+                check_arm(checks, label, arm, last)
             llm.requests.clear()  # the scripted server logs every request body
             gc.collect()
-            gc.disable()  # collections land on whichever arm happens to trigger them
-            try:
-                per_call, last = loop.run_until_complete(blocks[arm](calls_per_block))
-            finally:
-                gc.enable()
-            seconds[arm].append(per_call)
-            check_arm(checks, label, arm, last)
+    finally:
+        gc.enable()
     configure(patch, "baseline")
-    return ModeResult(label, calls_per_block, rounds, seconds)
+    return ModeResult(label, calls_per_visit, rounds, seconds)
 
 
 # -- memory ----------------------------------------------------------------------------------
@@ -349,8 +367,10 @@ def _rss() -> int | None:
 @dataclass
 class MemoryResult:
     label: str
-    completions: int
+    completions: int  # kept alive at the end
+    traced_completions: int  # the last ones, captured with tracemalloc on
     tokens: int
+    traced_tokens: int
     traced_bytes: int
     rss_bytes: int | None
     seconds: float
@@ -358,11 +378,14 @@ class MemoryResult:
 
     @property
     def per_token(self) -> float:
-        return self.traced_bytes / self.tokens if self.tokens else float("nan")
+        return self.traced_bytes / self.traced_tokens if self.traced_tokens else float("nan")
 
     @property
     def rss_per_token(self) -> float | None:
-        return None if self.rss_bytes is None or not self.tokens else self.rss_bytes / self.tokens
+        """RSS growth per token over the whole run, when it is large enough to mean much."""
+        if self.rss_bytes is None or self.tokens < 100_000:
+            return None
+        return self.rss_bytes / self.tokens
 
 
 def measure_memory(
@@ -371,43 +394,53 @@ def measure_memory(
     count_tokens: Callable[[Any], int],
     llm: ScriptedLLM,
     n: int,
+    traced: int,
 ) -> MemoryResult:
-    """Bytes still allocated, after gc, by ``n`` captured completions kept alive.
+    """Memory retained by ``n`` captured completions, all kept alive to the end.
 
-    ``capture_one(i)`` runs one call in its own trajectory and returns the trajectory (the SDK
-    response is dropped when it returns). Measured with tracemalloc; the RSS growth over the
-    same run, less tracemalloc's own bookkeeping, is shown alongside as a rough cross-check.
+    ``capture_one(i)`` runs one call in its own trajectory and returns what holds the capture
+    (the SDK response is dropped when it returns). The last ``traced`` calls run under
+    tracemalloc (which slows them several times): the bytes they leave allocated after gc is
+    the main figure. The RSS growth over all ``n`` calls, less tracemalloc's own bookkeeping,
+    is a rough cross-check (it includes allocator slack and fragmentation).
     """
     for i in range(5):  # warm-up, not kept
         capture_one(-1 - i)
-    llm.requests.clear()
+    llm.requests.clear()  # the scripted server logs every request body: not ours to count
     gc.collect()
+    kept: list[Any] = []
     rss_before = _rss()
+    start = time.perf_counter()
+    for i in range(n - traced):
+        kept.append(capture_one(i))
+        llm.requests.clear()
+    gc.collect()
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
     traced_before = tracemalloc.get_traced_memory()[0]
-    overhead_before = tracemalloc.get_tracemalloc_memory()
-    kept: list[Any] = []
-    start = time.perf_counter()
-    for i in range(n):
+    for i in range(n - traced, n):
         kept.append(capture_one(i))
         llm.requests.clear()
-    seconds = time.perf_counter() - start
     gc.collect()
-    traced = tracemalloc.get_traced_memory()[0] - traced_before
-    overhead = tracemalloc.get_tracemalloc_memory() - overhead_before
+    traced_bytes = tracemalloc.get_traced_memory()[0] - traced_before
     rss_after = _rss()
+    bookkeeping = tracemalloc.get_tracemalloc_memory()
+    seconds = time.perf_counter() - start
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     sites = [
-        f"{s.size_diff / n:8.0f} B/call  {s.traceback[0].filename.rsplit('site-packages/', 1)[-1]}"
-        f":{s.traceback[0].lineno}"
+        f"{s.size_diff / traced:8.0f} B/call  "
+        f"{s.traceback[0].filename.rsplit('site-packages/', 1)[-1]}:{s.traceback[0].lineno}"
         for s in after.compare_to(before, "lineno")[:6]
     ]
     del before, after
-    rss = None if rss_before is None or rss_after is None else rss_after - rss_before - overhead
-    tokens = sum(count_tokens(k) for k in kept)
-    return MemoryResult(label, n, tokens, traced, rss, seconds, sites)
+    rss = None
+    if rss_before is not None and rss_after is not None:
+        rss = rss_after - rss_before - bookkeeping
+    counts = [count_tokens(k) for k in kept]
+    return MemoryResult(
+        label, n, traced, sum(counts), sum(counts[n - traced :]), traced_bytes, rss, seconds, sites
+    )
 
 
 def _deep_size(obj: Any, seen: set[int]) -> int:
@@ -460,60 +493,90 @@ def us(seconds: float) -> str:
 
 
 def report_timing(results: list[ModeResult]) -> None:
-    print("\nPer-call wall time, µs (median over rounds of each block's mean per call)")
-    header = f"  {'mode':<20}{'calls x rounds':>15}" + "".join(f"{a:>20}" for a in ARMS)
-    print(header)
+    print("\nPer-call wall time, µs: median [10th percentile] over rounds")
+    print(f"  {'mode':<13}{'rounds':>7}" + "".join(f"{a:>17}" for a in ARMS))
     for res in results:
-        row = f"  {res.label:<20}{f'{res.calls_per_block} x {res.rounds}':>15}"
-        row += "".join(f"{us(res.median(a)):>20}" for a in ARMS)
+        row = f"  {res.label:<13}{res.rounds:>7}"
+        row += "".join(f"{f'{res.median(a) * 1e6:.0f} [{res.low(a) * 1e6:.0f}]':>17}" for a in ARMS)
         print(row)
 
-    print(f"\n(a) instrumented / uninstrumented wall time (median of per-round ratios),"
-          f" target <= {TARGET_RATIO:.2f}")
+    print(
+        f"\n(a) arttrace instrumented / uninstrumented, wall time per call, target <="
+        f" {TARGET_RATIO:.2f}: median of\n    per-round ratios [ratio of 10th percentiles];"
+        " against the bare call (trajectory and @trainable\n    counted as arttrace's cost),"
+        " and against the same loop uninstrumented (scopes only)"
+    )
+    print(
+        f"  {'mode':<13}{'vs bare call':>22}{'µs/call':>9}{'ns/token':>9}"
+        f"{'vs scopes only':>24}{'µs/call':>9}"
+    )
     for res in results:
-        ratio = res.paired("arttrace", "baseline", lambda a, b: a / b)
-        extra = res.paired("arttrace", "baseline", lambda a, b: a - b)
-        print(f"  {res.label:<20}{ratio:8.3f}   (+{extra * 1e6:.1f} µs/call, "
-              f"{extra * 1e9 / COMPLETION_TOKENS:.0f} ns/token)   {mark(ratio <= TARGET_RATIO)}")
+        cells = []
+        for base in ("baseline", "scopes only"):
+            ratio = res.paired("arttrace", base, lambda a, b: a / b)
+            best = res.low("arttrace") / res.low(base)
+            extra = res.paired("arttrace", base, lambda a, b: a - b)
+            cells.append((ratio, best, extra))
+        (r1, b1, e1), (r2, b2, e2) = cells
+        print(
+            f"  {res.label:<13}{f'{r1:.3f} [{b1:.3f}] {mark(r1 <= TARGET_RATIO)}':>22}"
+            f"{e1 * 1e6:+9.0f}{e1 * 1e9 / COMPLETION_TOKENS:+9.0f}"
+            f"{f'{r2:.3f} [{b2:.3f}] {mark(r2 <= TARGET_RATIO)}':>24}{e2 * 1e6:+9.0f}"
+        )
 
-    print(f"\n(b) capture overhead per call, µs: arttrace vs ART (median of per-round"
-          f" differences), target ratio < {TARGET_ART_RATIO:.1f}")
-    print(f"  {'mode':<20}{'arttrace':>10}{'ART':>10}{'ratio':>8}{'ART patch idle':>16}")
+    print(
+        f"\n(b) capture overhead, µs per call, arttrace vs ART: target arttrace/ART <"
+        f" {TARGET_ART_RATIO:.1f}\n    median of per-round differences"
+    )
+    print(f"  {'mode':<13}{'arttrace':>10}{'ART':>10}{'ratio':>8}{'ART patch idle':>16}")
     for res in results:
         ours = res.paired("arttrace", "baseline", lambda a, b: a - b)
-        theirs = res.paired("ART capture", "baseline+ART patch", lambda a, b: a - b)
-        idle = res.paired("baseline+ART patch", "baseline", lambda a, b: a - b)
+        theirs = res.paired("ART capture", "base+ART patch", lambda a, b: a - b)
+        idle = res.paired("base+ART patch", "baseline", lambda a, b: a - b)
         ratio = ours / theirs if theirs > 0 else float("nan")
         ok = theirs > 0 and ratio < TARGET_ART_RATIO
-        print(f"  {res.label:<20}{ours * 1e6:10.1f}{theirs * 1e6:10.1f}{ratio:8.3f}"
-              f"{idle * 1e6:16.1f}   {mark(ok)}")
-    print("  arttrace = arttrace arm - baseline (both on the original httpx);\n"
-          "  ART      = ART capture arm - baseline+ART patch (both on ART-patched httpx, scope\n"
-          "             inactive vs active); 'ART patch idle' = what the installed-but-idle\n"
-          "             patch costs every call, not counted in ART's overhead.")
+        print(
+            f"  {res.label:<13}{ours * 1e6:10.1f}{theirs * 1e6:10.1f}{ratio:8.3f}"
+            f"{idle * 1e6:16.1f}   {mark(ok)}"
+        )
+    print(
+        "  arttrace: arttrace arm - baseline, both on the original httpx (ART's patch swapped\n"
+        "            out), trajectory and @trainable included;\n"
+        "  ART:      ART capture arm - base+ART patch, both on ART-patched httpx, scope\n"
+        "            active vs inactive, art.Trajectory() construction included;\n"
+        "  ART patch idle: base+ART patch - baseline, what ART's installed but inactive\n"
+        "            patch costs every call (not counted in ART's overhead). The arms are\n"
+        "            interleaved in rotating order, swapping httpx's methods between calls."
+    )
 
 
 def report_memory(results: list[MemoryResult], breakdown: list[tuple[str, int]]) -> None:
-    print(f"\n(c) memory retained by captured completions, target <= {TARGET_BYTES_PER_TOKEN:.0f}"
-          " bytes per completion token")
-    print("    (tracemalloc: bytes still allocated after gc, SDK responses dropped; the request\n"
-          "     messages are retained too: the prompt here is one short user message)")
+    print(
+        f"\n(c) memory retained by captured completions, target <= {TARGET_BYTES_PER_TOKEN:.0f}"
+        " bytes per completion token\n"
+        "    tracemalloc: bytes left allocated after gc by the traced calls, their trajectories\n"
+        "    kept alive and the SDK responses dropped; it includes the request messages (here\n"
+        "    one short user message) and params. RSS: growth over all calls kept alive, a rough\n"
+        "    cross-check that includes allocator slack (n/a when too few calls)."
+    )
+    print(f"  {'':<32}{'kept':>6}{'traced':>8}{'B/token':>9}{'B/call':>8}{'RSS B/token':>13}")
     for m in results:
         rss = m.rss_per_token
-        rss_text = "n/a" if rss is None else f"{rss:.1f}"
-        line = (f"  {m.label:<36}{m.completions:>6} calls {m.tokens:>8} tokens  "
-                f"{m.per_token:7.1f} B/token  ({m.traced_bytes / m.completions:7.0f} B/call;"
-                f" RSS ~{rss_text} B/token)")
+        rss_text = "n/a" if rss is None else f"{rss:.0f}"
+        line = (
+            f"  {m.label:<32}{m.completions:>6}{m.traced_completions:>8}{m.per_token:9.1f}"
+            f"{m.traced_bytes / m.traced_completions:8.0f}{rss_text:>13}"
+        )
         if m.label.startswith("arttrace"):
             line += f"   {mark(m.per_token <= TARGET_BYTES_PER_TOKEN)}"
         print(line)
     for m in results:
-        print(f"  top allocation sites still alive, {m.label}:")
+        print(f"  allocation sites still holding memory, {m.label}:")
         for site in m.top_sites:
             print(f"    {site}")
     if breakdown:
         total = sum(b for _, b in breakdown)
-        print("  one arttrace call record, deep getsizeof (no allocator overhead):")
+        print("  one arttrace call record, deep getsizeof (without allocator overhead):")
         for name, size in breakdown:
             print(f"    {name:<36}{size:7d} B  {size / COMPLETION_TOKENS:6.1f} B/token")
         print(f"    {'total':<36}{total:7d} B  {total / COMPLETION_TOKENS:6.1f} B/token")
@@ -528,25 +591,35 @@ def main() -> None:
     parser.add_argument("--no-async", action="store_true", help="skip the AsyncOpenAI modes")
     args = parser.parse_args()
     quick = args.quick
-    rounds = 5 if quick else 13
-    per_block = {False: 12 if quick else 30, True: 2 if quick else 4}  # by stream
-    mem_calls = 300 if quick else 2000
-    mem_stream_calls = 20 if quick else 60
-    mem_art_calls = 40 if quick else 150
+    # rounds, by stream: each round makes one call per arm (5 calls)
+    rounds = {False: 120, True: 16} if quick else {False: 500, True: 70}
+    # (kept alive, of which traced) completions for the memory figures
+    mem_whole = (400, 100) if quick else (2000, 500)
+    mem_stream = (8, 6) if quick else (40, 20)
+    mem_art = (20, 10) if quick else (100, 40)
 
     check_content_tokens()
     started = time.perf_counter()
-    print(f"arttrace capture benchmark{' (quick)' if quick else ''}: {COMPLETION_TOKENS}-token "
-          "completions with logprobs and token ids, in-process ScriptedLLM transport")
-    print(f"  python {platform.python_version()}, openai {openai.__version__}, "
-          f"openpipe-art {getattr(art, '__version__', '?')}, arttrace {at.__version__}, "
-          f"{os.cpu_count()} CPUs; OpenTelemetry: no SDK configured (arttrace's spans are"
-          " no-ops)")
-    print("  both arms request logprobs=True and extra_body={'return_token_ids': True};\n"
-          "  arttrace arm: each call in its own `with at.trajectory(i)` and `@at.trainable`\n"
-          "  function (their cost is counted); baseline: the bare call, arttrace"
-          " uninstrumented;\n  ART arm: each call in its own `with art.Trajectory()`."
-          " gc is paused inside timed blocks.")
+    print(
+        f"arttrace capture benchmark{' (quick)' if quick else ''}: {COMPLETION_TOKENS}-token "
+        "completions with logprobs and token ids, in-process ScriptedLLM transport"
+    )
+    print(
+        f"  python {platform.python_version()}, openai {openai.__version__}, "
+        f"openpipe-art {importlib.metadata.version('openpipe-art')}, arttrace {at.__version__}, "
+        f"{os.cpu_count()} CPUs; OpenTelemetry: no SDK configured (arttrace's spans are"
+        " no-ops)"
+    )
+    print(
+        "  every arm requests logprobs=True and extra_body={'return_token_ids': True}; arms:\n"
+        "    baseline        the bare call, arttrace uninstrumented, original httpx\n"
+        "    arttrace        each call in its own `with at.trajectory(i)` and `@at.trainable`\n"
+        "                    function, instrumented\n"
+        "    scopes only     the same loop as arttrace, uninstrumented\n"
+        "    base+ART patch  the bare call on httpx patched by ART's capture (inactive)\n"
+        "    ART capture     each call in its own `with art.Trajectory()`, ART-patched httpx\n"
+        "  arms run interleaved, one call each per round; gc runs between rounds only."
+    )
 
     llm = ScriptedLLM(replies=lambda body: Reply(content=CONTENT))
     sync_client = openai.OpenAI(
@@ -563,24 +636,14 @@ def main() -> None:
     )
     patch = ARTPatch()
     checks = Checks()
+    # openpipe-art imports torch: ~650k objects that make every full collection take ~0.4 s.
+    # Freeze them out of the collector so gc.collect() between blocks is cheap and no timed
+    # call pays for a full collection of objects that are not the benchmark's.
+    gc.collect()
+    gc.freeze()
     loop = asyncio.new_event_loop()
 
-    modes: list[tuple[str, dict[str, Block], int]] = [
-        ("sync", sync_blocks(sync_client, False), per_block[False]),
-        ("sync stream", sync_blocks(sync_client, True), per_block[True]),
-    ]
-    if not args.no_async:
-        modes += [
-            ("async", async_blocks(async_client, False), per_block[False]),
-            ("async stream", async_blocks(async_client, True), per_block[True]),
-        ]
-    timing: list[ModeResult] = []
-    for label, blocks, k in modes:
-        print(f"  timing {label} ...", flush=True)
-        timing.append(time_mode(loop, patch, llm, checks, label, blocks, k, rounds))
-
     # memory: arttrace (whole and streamed responses), and ART's capture for reference
-    print("  measuring memory ...", flush=True)
     policy_sync = at.trainable(name="policy")(lambda stream: sync_call(sync_client, stream))
 
     def arttrace_one(stream: bool) -> Callable[[int], Any]:
@@ -608,28 +671,58 @@ def main() -> None:
         )
 
     memory: list[MemoryResult] = []
+    for label, arm, one, count, (n, traced) in (
+        ("arttrace, whole responses", "arttrace", arttrace_one(False), arttrace_tokens, mem_whole),
+        (
+            "arttrace, streamed responses",
+            "arttrace",
+            arttrace_one(True),
+            arttrace_tokens,
+            mem_stream,
+        ),
+        ("ART capture (reference), whole", "ART capture", art_one, art_tokens, mem_art),
+    ):
+        configure(patch, arm)
+        m = measure_memory(label, one, count, llm, n, traced)
+        memory.append(m)
+        print(
+            f"  memory, {label}: {n} calls ({traced} under tracemalloc) in {m.seconds:.1f} s",
+            flush=True,
+        )
+        want = n * COMPLETION_TOKENS
+        checks.expect(m.tokens == want, f"memory {label}: {m.tokens} tokens captured, not {want}")
     configure(patch, "arttrace")
-    memory.append(measure_memory("arttrace, whole responses", arttrace_one(False),
-                                 arttrace_tokens, llm, mem_calls))
-    memory.append(measure_memory("arttrace, streamed responses", arttrace_one(True),
-                                 arttrace_tokens, llm, mem_stream_calls))
     breakdown = record_breakdown(arttrace_one(False)(0))
-    configure(patch, "ART capture")
-    memory.append(measure_memory("ART capture (reference), whole", art_one, art_tokens, llm,
-                                 mem_art_calls))
     configure(patch, "baseline")
-    for m in memory:
-        want = m.completions * COMPLETION_TOKENS
-        checks.expect(m.tokens == want, f"memory {m.label}: {m.tokens} tokens captured, not {want}")
+
+    modes: list[tuple[str, dict[str, Block], int]] = [
+        ("sync", sync_blocks(sync_client, False), rounds[False]),
+        ("sync stream", sync_blocks(sync_client, True), rounds[True]),
+    ]
+    if not args.no_async:
+        modes += [
+            ("async", async_blocks(async_client, False), rounds[False]),
+            ("async stream", async_blocks(async_client, True), rounds[True]),
+        ]
+    timing: list[ModeResult] = []
+    for label, blocks, n in modes:
+        phase = time.perf_counter()
+        timing.append(time_mode(loop, patch, llm, checks, label, blocks, 1, n))
+        print(f"  timed {label} in {time.perf_counter() - phase:.1f} s", flush=True)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
 
     report_timing(timing)
     report_memory(memory, breakdown)
-    print(f"\nsanity checks: {checks.passed} passed, {len(checks.failures)} failed"
-          + "".join(f"\n  FAILED: {f}" for f in checks.failures))
+    print(
+        f"\nsanity checks: {checks.passed} passed, {len(checks.failures)} failed"
+        + "".join(f"\n  FAILED: {f}" for f in checks.failures)
+    )
     print(f"total time {time.perf_counter() - started:.0f} s")
-    loop.close()
 
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip tearing torch down (slow, and its bindings print leak warnings)

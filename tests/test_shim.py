@@ -315,3 +315,26 @@ def test_in_process_transport():
     with at.trajectory("ex") as t:
         policy(client)
     assert isinstance(t.calls[0], LLMCall) and t.trainable_turns == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_logprobs_are_kept_when_asked_for(instrumented, clients, stream):
+    client, _ = clients(ScriptedLLM([Reply("three tokens here")]))
+    with at.trajectory("ex") as t:
+        result = policy(client, top_logprobs=2, stream=stream)
+        chunks = list(result) if stream else None
+    (choice,) = t.calls[0].choices
+    if chunks is None:
+        seen = [[a.logprob for a in lp.top_logprobs] for lp in result.choices[0].logprobs.content]
+    else:
+        seen = [
+            [a.logprob for a in lp.top_logprobs]
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for lp in c.choices[0].logprobs.content
+        ]
+    assert [[a["logprob"] for a in alts] for alts in choice.top_logprobs] == seen
+    assert len(seen) == len(choice.token_ids) and all(len(alts) == 2 for alts in seen)
+    t.reward = 1.0
+    (converted,) = [i for i in t.to_art().messages_and_choices if not isinstance(i, dict)]
+    assert [len(lp.top_logprobs) for lp in converted.logprobs.content] == [2] * len(seen)

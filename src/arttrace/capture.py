@@ -231,18 +231,21 @@ class _StreamedChoice:
                         slot["name"].append(tc.function.name)
                     if tc.function.arguments:
                         slot["arguments"].append(tc.function.arguments)
+        extra = choice.__pydantic_extra__
+        ids = extra.get("token_ids") if extra else None
+        if ids:
+            if self.token_ids is None:
+                self.token_ids = array("q")
+            self.token_ids.extend(ids)
         logprobs = choice.logprobs
         if logprobs is not None and logprobs.content is not None:
             self.saw_logprobs = True
-            content = logprobs.content
-            self.logprobs.extend([t.logprob for t in content])
-            self.tokens.extend([t.token for t in content])
-            self.top.extend(_top(t) for t in content)
-        extra = choice.__pydantic_extra__
-        if extra and extra.get("token_ids"):
-            if self.token_ids is None:
-                self.token_ids = array("q")
-            self.token_ids.extend(extra["token_ids"])
+            for token in logprobs.content:
+                self.logprobs.append(token.logprob)
+                if not ids:  # the token strings matter only when the ids are not sent
+                    self.tokens.append(token.token)
+                if token.top_logprobs:
+                    self.top.append(_top(token))
         if choice.finish_reason:
             self.finish_reason = choice.finish_reason
 
@@ -263,11 +266,10 @@ class _StreamedChoice:
                 for _, slot in sorted(self.tool_calls.items())
             ]
         record = ChoiceRecord(index=self.index, message=message, finish_reason=self.finish_reason)
+        record.token_ids = self.token_ids
         if self.saw_logprobs:
             record.logprobs = self.logprobs
             _set_tokens(record, self.tokens, self.top)
-        if self.token_ids is not None:
-            record.token_ids = self.token_ids
         return record
 
 
@@ -276,12 +278,12 @@ def _top(token: ChatCompletionTokenLogprob) -> list[dict[str, Any]]:
 
 
 def _set_tokens(record: ChoiceRecord, tokens: list[str], top: list[list[dict[str, Any]]]) -> None:
-    ids = token_ids_from_tokens(tokens)
-    if ids is None:
-        record.tokens = tokens
-    else:
-        record.token_ids = ids
-    if any(top):
+    """Token ids from ``token_id:<int>`` tokens when the server sent no ids, else the strings."""
+    if tokens and record.token_ids is None:
+        record.token_ids = token_ids_from_tokens(tokens)
+        if record.token_ids is None:
+            record.tokens = tokens
+    if record.logprobs is not None and len(top) == len(record.logprobs):
         record.top_logprobs = top
 
 
@@ -297,14 +299,15 @@ def _choice_record(choice: Choice) -> ChoiceRecord:
     if m.tool_calls:
         message["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in m.tool_calls]
     record = ChoiceRecord(index=choice.index, message=message, finish_reason=choice.finish_reason)
+    extra = choice.model_extra
+    record.token_ids = _ids(extra.get("token_ids")) if extra else None
     logprobs = choice.logprobs
     if logprobs is not None and logprobs.content is not None:
         content = logprobs.content
         record.logprobs = array("d", [t.logprob for t in content])
-        _set_tokens(record, [t.token for t in content], [_top(t) for t in content])
-    extra = choice.model_extra or {}
-    if extra.get("token_ids") is not None:
-        record.token_ids = _ids(extra["token_ids"])
+        tokens = [t.token for t in content] if record.token_ids is None else []
+        top = [_top(t) for t in content] if content and content[0].top_logprobs else []
+        _set_tokens(record, tokens, top)
     return record
 
 
