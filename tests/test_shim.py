@@ -338,3 +338,13 @@ def test_top_logprobs_are_kept_when_asked_for(instrumented, clients, stream):
     t.reward = 1.0
     (converted,) = [i for i in t.to_art().messages_and_choices if not isinstance(i, dict)]
     assert [len(lp.top_logprobs) for lp in converted.logprobs.content] == [2] * len(seen)
+
+
+def test_messages_given_as_an_iterator_still_reach_the_server(instrumented, clients):
+    llm = ScriptedLLM([Reply("ok")])
+    client, _ = clients(llm)
+    messages = iter([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    with at.trajectory("ex") as t:
+        at.trainable(client.chat.completions.create)(model="policy", messages=messages)
+    assert [m["role"] for m in llm.requests[0]["messages"]] == ["system", "user"]
+    assert [m["role"] for m in t.calls[0].messages] == ["system", "user"]

@@ -86,7 +86,11 @@ class Capture:
         model = str(kwargs.get("model", ""))
         scope = _context.policy_scope(model) if self.trajectory is not None else None
         if scope is not None and settings.request_training_data:
-            kwargs = with_training_fields(dict(kwargs))
+            kwargs = with_training_fields(kwargs)
+        for name in ("messages", "tools"):  # an iterator would be used up by the record
+            value = kwargs.get(name)
+            if value is not None and _given(value) and not isinstance(value, list | tuple):
+                kwargs = {**kwargs, name: list(value)}
         self.kwargs = kwargs
         tools = kwargs.get("tools")
         self.call = LLMCall(
