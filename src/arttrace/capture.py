@@ -92,11 +92,11 @@ class Capture:
             if value is not None and _given(value) and not isinstance(value, list | tuple):
                 kwargs = {**kwargs, name: list(value)}
         self.kwargs = kwargs
-        tools = kwargs.get("tools")
+        tools = kwargs.get("tools") if _given(kwargs.get("tools")) else None
         self.call = LLMCall(
             model=model,
             messages=[message_dict(m) for m in kwargs.get("messages") or ()],
-            tools=[dict(t) for t in tools] if tools is not None and _given(tools) else None,
+            tools=[dict(t) for t in tools] if tools is not None else None,
             params={
                 k: jsonable(v) for k, v in kwargs.items() if k not in _NOT_PARAMS and _given(v)
             },
@@ -144,15 +144,18 @@ class Capture:
             acc.add(choice)
 
     def end_stream(self) -> None:
-        self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+        self.call.choices = self._streamed_choices()
         self._finish()
+
+    def _streamed_choices(self) -> list[ChoiceRecord]:
+        return [self._choices[i].record() for i in sorted(self._choices)]
 
     # -- endings ---------------------------------------------------------------------------
 
     def fail(self, error: BaseException, *, partial: bool) -> None:
         """The call raised (``partial``: after part of the response had arrived)."""
         if partial:
-            self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+            self.call.choices = self._streamed_choices()
         self.call.partial = partial
         self.call.error = f"{type(error).__name__}: {error}"
         self.span.record_exception(error)
@@ -164,7 +167,7 @@ class Capture:
         """The caller stopped reading the stream before its end."""
         if self._done:
             return
-        self.call.choices = [self._choices[i].record() for i in sorted(self._choices)]
+        self.call.choices = self._streamed_choices()
         self.call.partial = True
         self.call.error = why
         self._finish()
