@@ -14,17 +14,25 @@ t.to_art()                               # an art.Trajectory, trainable turns as
 
 from ._warnings import UntrainableTurnWarning
 from .capture import Settings
+from .curriculum import Curriculum
 from .decorators import trainable
+from .dry_run import DryRunBackend
 from .openai_shim import instrument, is_instrumented, uninstrument, wrap_openai
 from .records import ChoiceRecord, LLMCall
+from .trainer import StepResult, Trainer, TrainingError
 from .trajectory import Trajectory, current_trajectory, trajectory
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ChoiceRecord",
+    "Curriculum",
+    "DryRunBackend",
     "LLMCall",
     "Settings",
+    "StepResult",
+    "Trainer",
+    "TrainingError",
     "Trajectory",
     "UntrainableTurnWarning",
     "current_trajectory",

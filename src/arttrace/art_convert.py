@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import art
 from art.trajectories import LegacyHistory
 from openai.types.chat import ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
@@ -61,4 +62,17 @@ def _choice(turn: Turn) -> Choice:
         logprobs=ChoiceLogprobs.model_construct(content=content, refusal=None),
         prompt_token_ids=prompt.tolist(),
         token_ids=record.token_ids.tolist(),
+    )
+
+
+def trainable_tokens(trajectory: art.Trajectory) -> int:
+    """Sampled tokens ART will train on in ``trajectory`` (its trainable Choices)."""
+    histories = [trajectory.messages_and_choices] + [
+        h.messages_and_choices for h in trajectory.additional_histories
+    ]
+    return sum(
+        len((item.model_extra or {}).get("token_ids") or ())
+        for history in histories
+        for item in history
+        if isinstance(item, Choice) and item.logprobs is not None
     )

@@ -1,0 +1,88 @@
+"""``DryRunBackend``: everything ART would train on, written to disk instead of trained.
+
+Use it in place of a real backend to validate a setup on a machine without a GPU: each
+``train()`` call writes the groups (``groups.jsonl``, in ART's JSON form) and a report (trainable
+tokens per group, which groups carry learning signal, the training arguments received).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import art
+
+from .art_convert import trainable_tokens
+from .journal import write_json
+from .records import jsonable
+
+
+class DryRunBackend:
+    """An ART backend that trains nothing and reports what it was given."""
+
+    def __init__(
+        self, output_dir: str | Path = "runs/dry_run", inference_base_url: str = ""
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.inference_base_url = inference_base_url
+        self._steps: dict[str, int] = {}
+
+    async def register(self, model: Any) -> None:
+        self._steps.setdefault(model.name, 0)
+
+    async def _prepare_backend_for_training(
+        self, model: Any, config: Any = None
+    ) -> tuple[str, str]:
+        return self.inference_base_url, "dry-run"
+
+    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        return str(model.name)
+
+    async def _get_step(self, model: Any) -> int:
+        return self._steps.get(model.name, 0)
+
+    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def train(
+        self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
+    ) -> art.TrainResult:
+        groups = list(trajectory_groups)
+        step = self._steps.get(model.name, 0) + 1
+        directory = self.output_dir / model.name / f"step-{step:05d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        with (directory / "groups.jsonl").open("w") as f:
+            for group in groups:
+                f.write(group.model_dump_json() + "\n")
+        report = [_group_report(g) for g in groups]
+        summary = {
+            "step": step,
+            "groups": len(groups),
+            "groups_with_signal": sum(r["has_signal"] for r in report),
+            "groups_without_signal": sum(not r["has_signal"] for r in report),
+            "trajectories": sum(r["trajectories"] for r in report),
+            "trainable_tokens": sum(r["trainable_tokens"] for r in report),
+            "train_kwargs": {k: jsonable(v) for k, v in kwargs.items()},
+            "per_group": report,
+        }
+        write_json(directory / "report.json", summary)
+        self._steps[model.name] = step
+        metrics = {k: float(summary[k]) for k in ("groups", "trajectories", "trainable_tokens")}
+        return art.TrainResult(step=step, metrics=metrics)
+
+
+def _group_report(group: art.TrajectoryGroup) -> dict[str, Any]:
+    rewards = [t.reward for t in group.trajectories]
+    tokens = [trainable_tokens(t) for t in group.trajectories]
+    return {
+        "example_id": group.trajectories[0].metadata.get("example_id") if rewards else None,
+        "trajectories": len(rewards),
+        "rewards": rewards,
+        "has_signal": len(set(rewards)) > 1 and sum(tokens) > 0,
+        "trainable_tokens": sum(tokens),
+        "exceptions": len(group.exceptions),
+    }
