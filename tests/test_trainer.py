@@ -1,0 +1,365 @@
+"""The Trainer: grouping, dropping, curriculum, validation, journal and resume, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import art
+import httpx
+import openai
+import pytest
+from openai.types.chat.chat_completion import Choice
+
+import arttrace as at
+from arttrace.testing import Reply, ScriptedLLM
+
+
+class RecordingBackend:
+    """An in-process backend (ART's Backend protocol): records each train() call."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[list[art.TrajectoryGroup], dict[str, Any]]] = []
+        self.failures = failures
+
+    async def register(self, model: Any) -> None:
+        pass
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("backend unavailable")
+        self.calls.append((list(groups), kwargs))
+        return art.TrainResult(step=len(self.calls), metrics={"loss": 0.5})
+
+
+class Agent:
+    """An instrumented agent on the scripted model; its reward comes from `score(example, k)`."""
+
+    def __init__(self, score: Any = None) -> None:
+        self.llm = ScriptedLLM(lambda r: Reply("answer to " + r["messages"][-1]["content"]))
+        self.client = openai.AsyncOpenAI(
+            base_url="http://scripted/v1",
+            api_key="k",
+            http_client=httpx.AsyncClient(transport=self.llm.transport()),
+        )
+        self.runs: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        self.score = score or (lambda example, k: float(k % 2))
+
+    async def rollout(self, example: dict[str, Any]) -> float:
+        k = self.runs[example["id"]]
+        self.runs[example["id"]] += 1
+        await self._solve(example["q"])
+        self.finished[example["id"]] += 1
+        return self.score(example, k)
+
+    @at.trainable
+    async def _solve(self, question: str) -> str:
+        r = await self.client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": question}]
+        )
+        return r.choices[0].message.content or ""
+
+
+def dataset(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"ex-{i}", "q": f"question {i}"} for i in range(n)]
+
+
+@pytest.fixture(autouse=True)
+def _instrumented(instrumented: None) -> None:
+    pass
+
+
+def make(tmp_path: Path, agent: Agent, backend: Any = None, **kw: Any) -> at.Trainer:
+    model = art.TrainableModel(
+        name="m",
+        project="p",
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
+        run_name="r",
+        base_path=str(tmp_path / ".art"),
+    )
+    defaults: dict[str, Any] = {
+        "group_size": 4,
+        "groups_per_step": 3,
+        "output_dir": tmp_path / "out",
+        "progress": False,
+        "log_to_model": False,
+        "retry_delay": 0.001,
+    }
+    return at.Trainer(model, backend or RecordingBackend(), agent.rollout, **{**defaults, **kw})
+
+
+async def test_one_group_per_example_with_trainable_turns(tmp_path):
+    backend = RecordingBackend()
+    trainer = make(
+        tmp_path,
+        Agent(),
+        backend,
+        train_dataset=dataset(6),
+        learning_rate=3e-5,
+        kl_penalty_coef=0.1,
+    )
+    result = await trainer.step()
+    ((groups, kwargs),) = backend.calls
+    assert kwargs == {"learning_rate": 3e-5, "kl_penalty_coef": 0.1}
+    assert len(groups) == 3 and groups == result.groups
+    for group in groups:
+        ids = {t.metadata["example_id"] for t in group.trajectories}
+        assert len(ids) == 1 and group.metadata["example_id"] in ids
+        assert sorted(t.reward for t in group.trajectories) == [0.0, 0.0, 1.0, 1.0]
+        for t in group.trajectories:
+            user, choice = t.messages_and_choices
+            assert isinstance(choice, Choice) and choice.logprobs is not None
+            assert choice.message.content == "answer to " + user["content"]
+    assert result.metrics["groups_kept"] == 3 and result.metrics["trainable_tokens"] > 0
+
+
+async def test_group_size_one_still_never_mixes_examples(tmp_path):
+    backend = RecordingBackend()
+    trainer = make(tmp_path, Agent(), backend, train_dataset=dataset(3), group_size=1)
+    result = await trainer.step()
+    assert result.metrics["groups"] == 3 and result.metrics["groups_dropped"] == 3
+    assert backend.calls == []  # one run per example: no spread, nothing to learn
+
+
+async def test_groups_without_enough_spread_are_dropped_and_counted(tmp_path):
+    def score(example: dict[str, Any], k: int) -> float:
+        return {"ex-0": 0.5, "ex-1": 0.1 * (k % 2), "ex-2": float(k % 2)}[example["id"]]
+
+    backend = RecordingBackend()
+    trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), min_reward_spread=0.5)
+    result = await trainer.step()
+    shipped = [g.metadata["example_id"] for g in backend.calls[0][0]]
+    assert shipped == ["ex-2"]
+    assert result.metrics["groups_dropped"] == 2 and result.metrics["groups_kept"] == 1
+
+
+async def test_batches_are_seeded_epoch_aware_and_leave_the_global_rng_alone(tmp_path):
+    random.seed(1234)
+    before = random.getstate()
+    trainer = make(tmp_path, Agent(), train_dataset=dataset(7), seed=3)
+    epochs: dict[int, list[int]] = {}
+    for step in range(trainer.steps_per_epoch * 2):
+        epoch, indices = trainer.batch(step)
+        epochs.setdefault(epoch, []).extend(indices)
+    assert trainer.steps_per_epoch == 3
+    assert all(sorted(v) == list(range(7)) for v in epochs.values())
+    assert epochs[0] != epochs[1]
+    again = make(tmp_path / "again", Agent(), train_dataset=dataset(7), seed=3)
+    other = make(tmp_path / "other", Agent(), train_dataset=dataset(7), seed=4)
+    assert [again.batch(s) for s in range(6)] == [trainer.batch(s) for s in range(6)]
+    assert [other.batch(s) for s in range(6)] != [trainer.batch(s) for s in range(6)]
+    assert random.getstate() == before
+
+
+async def test_curriculum_selects_easy_first_and_expands_over_epochs(tmp_path):
+    means = {"ex-0": 0.9, "ex-1": 0.5, "ex-2": 0.2}
+
+    def score(example: dict[str, Any], k: int) -> float:  # spread 0.2 around each mean
+        return means[example["id"]] + (0.1 if k % 2 else -0.1)
+
+    backend = RecordingBackend()
+    curriculum = at.Curriculum(
+        initial_percentile=0.33, increment_percentile=0.33, expansion_interval=2
+    )
+    trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), curriculum=curriculum)
+    results = await trainer.train(num_epochs=5)
+    assert [r.epoch for r in results] == [0, 1, 2, 3, 4]
+    assert [r.metrics["curriculum_percentile"] for r in results] == pytest.approx(
+        [0.33, 0.33, 0.66, 0.66, 0.99]
+    )
+    shipped = [[g.metadata["example_id"] for g in groups] for groups, _ in backend.calls]
+    assert shipped == [
+        ["ex-0"],
+        ["ex-0"],
+        ["ex-0", "ex-1"],
+        ["ex-0", "ex-1"],
+        ["ex-0", "ex-1", "ex-2"],
+    ]
+    assert [r.metrics["groups_excluded_by_curriculum"] for r in results] == [2, 2, 1, 1, 0]
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert state["curriculum"]["percentile"] == pytest.approx(0.99)
+    assert state["curriculum"]["last_expansion_epoch"] == 4
+    hard = at.Curriculum(initial_percentile=0.33, hard_first=True)
+    groups = backend.calls[-1][0]
+    assert [g.metadata["example_id"] for g in hard.select(groups)[0]] == ["ex-2"]
+
+
+def test_curriculum_rejects_bad_settings():
+    with pytest.raises(ValueError, match="initial_percentile"):
+        at.Curriculum(initial_percentile=0)
+    with pytest.raises(ValueError, match="expansion_interval"):
+        at.Curriculum(expansion_interval=0)
+
+
+@pytest.mark.parametrize(("num_steps", "every", "expected"), [(4, 2, [0, 2, 4]), (3, 2, [0, 2, 3])])
+async def test_validation_schedule(tmp_path, num_steps, every, expected):
+    agent = Agent()
+    trainer = make(
+        tmp_path, agent, train_dataset=dataset(3), val_dataset=[{"id": "v", "q": "val"}] * 2
+    )
+    await trainer.train(num_steps=num_steps, validate_every=every)
+    lines = (tmp_path / "out" / "validation.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == expected
+    assert all(json.loads(line)["examples"] == 2 for line in lines)
+
+
+async def test_outputs_metrics_plot_and_state(tmp_path):
+    trainer = make(tmp_path, Agent(), train_dataset=dataset(3), val_dataset=dataset(1))
+    await trainer.train(num_steps=2)
+    out = tmp_path / "out"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1]
+    for key in (
+        "reward_mean",
+        "reward_min",
+        "reward_max",
+        "reward_std",
+        "groups_kept",
+        "groups_dropped",
+        "trajectories",
+        "exceptions",
+        "trainable_tokens",
+        "rollout_seconds",
+        "train_seconds",
+        "train/loss",
+    ):
+        assert key in metrics[0], key
+    assert (out / "reward_plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "state.json").read_text())["completed_steps"] == 2
+    with pytest.raises(ValueError, match="resume=True"):
+        make(tmp_path, Agent(), train_dataset=dataset(3))
+
+
+async def test_resume_after_a_crash_mid_step_loses_and_repeats_nothing(tmp_path):
+    agent = Agent()
+    backend = RecordingBackend()
+    trainer = make(tmp_path, agent, backend, train_dataset=dataset(3), max_concurrency=2)
+    step = asyncio.ensure_future(trainer.step())
+    while sum(agent.finished.values()) < 5:
+        await asyncio.sleep(0.001)
+    step.cancel()  # the process dies mid-step (Ctrl-C)
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    journaled = list((tmp_path / "out" / "journal" / "step-00000").glob("*.json"))
+    assert len(journaled) >= 5 and all(
+        json.loads(p.read_text())["reward"] is not None for p in journaled
+    )
+    assert backend.calls == []
+
+    finished_before = sum(agent.finished.values())
+    resumed = make(tmp_path, agent, backend, train_dataset=dataset(3), resume=True)
+    result = await resumed.step()
+    assert sum(agent.finished.values()) - finished_before == 12 - len(journaled)
+    ((groups, _),) = backend.calls
+    assert sorted(len(g.trajectories) for g in groups) == [4, 4, 4]
+    assert result.step == 0 and resumed.completed_steps == 1
+
+
+async def test_failing_rollouts_are_recorded_and_the_step_goes_on(tmp_path):
+    agent = Agent()
+    original = agent.rollout
+
+    calls: Counter[str] = Counter()
+
+    async def flaky(example: dict[str, Any]) -> float:
+        calls[example["id"]] += 1
+        crash = example["id"] == "ex-1" and calls["ex-1"] == 2
+        reward = await original(example)
+        if crash:
+            raise RuntimeError("tool crashed")
+        return reward
+
+    backend = RecordingBackend()
+    trainer = make(tmp_path, agent, backend, train_dataset=dataset(3))
+    trainer.rollout = flaky
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 1
+    (group,) = [g for g in backend.calls[0][0] if g.metadata["example_id"] == "ex-1"]
+    assert len(group.trajectories) == 3
+    assert (
+        group.exceptions[0].type == "RuntimeError" and "tool crashed" in group.exceptions[0].message
+    )
+
+
+async def test_too_many_failures_fail_the_step_with_the_journal_kept(tmp_path):
+    async def broken(example: dict[str, Any]) -> float:
+        raise RuntimeError("down")
+
+    trainer = make(tmp_path, Agent(), train_dataset=dataset(3), max_exceptions=2)
+    trainer.rollout = broken
+    with pytest.raises(at.TrainingError, match="12 of 12 rollouts raised"):
+        await trainer.step()
+    assert len(list((tmp_path / "out" / "journal" / "step-00000").glob("*.json"))) == 12
+
+
+async def test_missing_reward_is_a_clear_rollout_error(tmp_path):
+    async def no_reward(example: dict[str, Any]) -> None:
+        return None
+
+    trainer = make(tmp_path, Agent(), train_dataset=dataset(1), max_exceptions=1.0)
+    trainer.rollout = no_reward
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 4
+    saved = json.loads(
+        next((tmp_path / "out" / "journal" / "step-00000").glob("*.json")).read_text()
+    )
+    assert "returned None and set no reward" in saved["exception"]["message"]
+
+
+async def test_reward_fn_scores_outputs(tmp_path):
+    agent = Agent()
+
+    async def answer(example: dict[str, Any]) -> str:
+        return await agent._solve(example["q"])
+
+    backend = RecordingBackend()
+    trainer = make(
+        tmp_path,
+        agent,
+        backend,
+        train_dataset=dataset(2),
+        reward_fn=lambda example, output: float(output.endswith("0")),
+    )
+    trainer.rollout = answer
+    result = await trainer.step()
+    assert result.metrics["reward_mean"] == 0.5 and result.metrics["groups_dropped"] == 2
+
+
+async def test_backend_failures_are_retried_then_fail_the_step_and_resume_ships(tmp_path):
+    agent = Agent()
+    flaky = RecordingBackend(failures=2)
+    result = await make(tmp_path / "a", agent, flaky, train_dataset=dataset(3)).step()
+    assert len(flaky.calls) == 1 and result.train_result.step == 1
+
+    down = RecordingBackend(failures=10)
+    trainer = make(tmp_path / "b", agent, down, train_dataset=dataset(3), train_retries=2)
+    with pytest.raises(at.TrainingError, match=r"failed 3 times.*resume=True"):
+        await trainer.step()
+    runs = sum(agent.finished.values())
+    up = RecordingBackend()
+    resumed = make(tmp_path / "b", agent, up, train_dataset=dataset(3), resume=True)
+    await resumed.step()
+    assert sum(agent.finished.values()) == runs  # nothing re-run
+    assert len(up.calls) == 1 and sum(len(g.trajectories) for g in up.calls[0][0]) == 12
+
+
+async def test_dry_run_backend_writes_what_art_would_train_on(tmp_path):
+    def score(example: dict[str, Any], k: int) -> float:
+        return 1.0 if example["id"] == "ex-0" else float(k % 2)
+
+    backend = at.DryRunBackend(tmp_path / "dry")
+    trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), min_reward_spread=-1)
+    await trainer.model.register(backend)
+    await trainer.step()
+    report = json.loads((tmp_path / "dry" / "m" / "step-00001" / "report.json").read_text())
+    assert report["groups"] == 2 and report["groups_with_signal"] == 2
+    assert report["train_kwargs"] == {"learning_rate": 5e-6}
+    assert all(g["trainable_tokens"] > 0 for g in report["per_group"])
+    lines = (tmp_path / "dry" / "m" / "step-00001" / "groups.jsonl").read_text().splitlines()
+    assert len(lines) == 2
