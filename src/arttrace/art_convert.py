@@ -8,12 +8,7 @@ from typing import Any
 
 import art
 from art.trajectories import LegacyHistory
-from openai.types.chat import ChatCompletionMessage
-from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
-from openai.types.chat.chat_completion_token_logprob import (
-    ChatCompletionTokenLogprob,
-    TopLogprob,
-)
+from openai.types.chat.chat_completion import Choice
 
 from .conversations import Conversation, Turn
 
@@ -42,26 +37,24 @@ def _context_message(turn: Turn) -> dict[str, Any]:
 
 
 def _choice(turn: Turn) -> Choice:
+    # model_validate on plain dicts (pydantic-core) is far faster than openai's model_construct.
     record, prompt = turn.choice, turn.call.prompt_token_ids
     assert record.logprobs is not None and record.token_ids is not None and prompt is not None
     tokens = record.tokens or [f"token_id:{i}" for i in record.token_ids]
     top = record.top_logprobs or [[] for _ in tokens]
     content = [
-        ChatCompletionTokenLogprob.model_construct(
-            token=token,
-            logprob=logprob,
-            bytes=None,
-            top_logprobs=[TopLogprob.model_construct(bytes=None, **alt) for alt in alts],
-        )
+        {"token": token, "logprob": logprob, "bytes": None, "top_logprobs": alts}
         for token, logprob, alts in zip(tokens, record.logprobs, top, strict=True)
     ]
-    return Choice.model_construct(
-        index=record.index,
-        finish_reason=record.finish_reason,
-        message=ChatCompletionMessage.model_validate(record.message),
-        logprobs=ChoiceLogprobs.model_construct(content=content, refusal=None),
-        prompt_token_ids=prompt.tolist(),
-        token_ids=record.token_ids.tolist(),
+    return Choice.model_validate(
+        {
+            "index": record.index,
+            "finish_reason": record.finish_reason,
+            "message": record.message,
+            "logprobs": {"content": content, "refusal": None},
+            "prompt_token_ids": prompt.tolist(),
+            "token_ids": record.token_ids.tolist(),
+        }
     )
 
 

@@ -38,15 +38,13 @@ class Journal:
         return self.root / f"step-{step:05d}"
 
     def record(self, step: int, slot: Slot, trajectory: Trajectory) -> None:
-        directory = self._step_dir(step)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / f"{slot[0]:04d}-{slot[1]:02d}.json", trajectory.to_dict())
+        path = self._step_dir(step) / f"{slot[0]:04d}-{slot[1]:02d}.json"
+        write_json(path, trajectory.to_dict())
 
     def finished(self, step: int) -> dict[Slot, Trajectory]:
-        """The rollouts of ``step`` already on disk."""
+        """The rollouts of ``step`` already on disk (and its folder, made ready for more)."""
         directory = self._step_dir(step)
-        if not directory.is_dir():
-            return {}
+        directory.mkdir(parents=True, exist_ok=True)
         out: dict[Slot, Trajectory] = {}
         for path in sorted(directory.glob("[0-9]*-[0-9]*.json")):
             position, rollout = path.stem.split("-")

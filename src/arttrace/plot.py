@@ -8,13 +8,16 @@ from typing import Any
 
 
 def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[str, Any]]) -> None:
-    """Draw ``metrics.jsonl``-style step records and validation records to ``path`` (PNG)."""
-    import matplotlib
+    """Draw ``metrics.jsonl``-style step records and validation records to ``path`` (PNG).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Uses matplotlib's object API (no pyplot state), so it may run in a worker thread.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     if steps:
         x = [s["step"] for s in steps]
         ax.fill_between(
@@ -37,6 +40,7 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
     curriculum = [s for s in steps if s.get("curriculum_percentile") is not None]
     if curriculum:
         twin = ax.twinx()
@@ -53,14 +57,12 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
         for before, after in itertools.pairwise(curriculum):
             if after["curriculum_percentile"] > before["curriculum_percentile"]:
                 ax.axvline(after["step"], color="tab:green", linestyle=":", alpha=0.6)
-        handles, labels = ax.get_legend_handles_labels()
-        extra_handles, extra_labels = twin.get_legend_handles_labels()
-        ax.legend(handles + extra_handles, labels + extra_labels, loc="lower right")
-    elif steps or validations:
-        ax.legend(loc="lower right")
+        more_handles, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    if handles:
+        ax.legend(handles, labels, loc="lower right")
     ax.set_title("arttrace training reward")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)
-    plt.close(fig)
     tmp.replace(path)

@@ -113,6 +113,7 @@ class Trainer:
         self.journal = Journal(self.output_dir)
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._model_log_failed = False
+        self._reporting: asyncio.Future[None] | None = None
         state = self.journal.load_state()
         if state and not resume:
             raise ValueError(
@@ -154,6 +155,7 @@ class Trainer:
             self.curriculum.advance(epoch)
         started = time.perf_counter()
         finished = self.journal.finished(step)
+        converted: dict[Slot, art.Trajectory] = {}
         slots = {
             (pos, k): (self.example_id(self.train_dataset[i], i, "train"), self.train_dataset[i])
             for pos, i in enumerate(indices)
@@ -164,11 +166,11 @@ class Trainer:
             split="train",
             step=step,
             done=finished,
-            on_done=lambda slot, t: self.journal.record(step, slot, t),
+            on_done=lambda slot, t: self._finished(step, slot, t, converted),
         )
         rollout_seconds = time.perf_counter() - started
 
-        groups, failures = self._groups(indices, finished)
+        groups, failures = self._groups(indices, finished, converted)
         failed = sum(failures)
         allowed = (
             self.max_exceptions
@@ -220,8 +222,7 @@ class Trainer:
             }
         )
         self._append("metrics.jsonl", metrics)
-        self._plot()
-        await self._model_log(groups, metrics, step, "train")
+        await self._report(metrics, step, "train")
         return StepResult(step, epoch, metrics, shipped, train_result)
 
     async def validate(self) -> dict[str, float]:
@@ -242,11 +243,7 @@ class Trainer:
             "exceptions": sum(t.exception is not None for t in results.values()),
         }
         self._append("validation.jsonl", metrics)
-        self._plot()
-        converted = [t.to_art() for t in results.values() if t.reward is not None]
-        await self._model_log(
-            [art.TrajectoryGroup(converted)], metrics, self.completed_steps, "val"
-        )
+        await self._report(metrics, self.completed_steps, "val")
         return metrics
 
     async def train(
@@ -276,6 +273,7 @@ class Trainer:
             if validate_every and self.completed_steps % validate_every == 0:
                 await maybe_validate()
         await maybe_validate()
+        await self.flush()
         return results
 
     # -- internals -------------------------------------------------------------------------
@@ -304,12 +302,12 @@ class Trainer:
             async with self._semaphore:
                 t = await self._rollout(example_id, example, split, step, slot[1])
             if on_done is not None:
-                on_done(slot, t)  # journaled before anything ships
+                on_done(slot, t)
             done[slot] = t
             if t.reward is not None:
                 rewards.append(t.reward)
             bar.update()
-            bar.set_postfix(reward=f"{sum(rewards) / max(len(rewards), 1):.3f}")
+            bar.set_postfix(reward=f"{sum(rewards) / max(len(rewards), 1):.3f}", refresh=False)
 
         tasks = [asyncio.ensure_future(one(s, *v)) for s, v in slots.items()]
         try:
@@ -343,18 +341,32 @@ class Trainer:
             pass  # kept on t.exception; the group records it
         return t
 
+    def _finished(
+        self, step: int, slot: Slot, t: Trajectory, converted: dict[Slot, art.Trajectory]
+    ) -> None:
+        self.journal.record(step, slot, t)  # on disk before anything ships
+        if t.exception is None and t.reward is not None:
+            converted[slot] = t.to_art()
+
     def _groups(
-        self, indices: list[int], done: dict[Slot, Trajectory]
+        self,
+        indices: list[int],
+        done: dict[Slot, Trajectory],
+        converted: dict[Slot, art.Trajectory],
     ) -> tuple[list[art.TrajectoryGroup], list[int]]:
         groups, failures = [], []
         for pos, index in enumerate(indices):
-            runs = [done[pos, k] for k in range(self.group_size)]
-            ok = [t for t in runs if t.exception is None and t.reward is not None]
-            exceptions = [PydanticException(**t.exception) for t in runs if t.exception]
+            slots = [(pos, k) for k in range(self.group_size)]
+            ok = [
+                converted.get(s) or done[s].to_art()
+                for s in slots
+                if done[s].exception is None and done[s].reward is not None
+            ]
+            exceptions = [PydanticException(**error) for s in slots if (error := done[s].exception)]
             example_id = self.example_id(self.train_dataset[index], index, "train")
             groups.append(
                 art.TrajectoryGroup(
-                    [t.to_art() for t in ok],
+                    ok,
                     exceptions=exceptions,
                     metadata={"example_id": example_id},
                 )
@@ -391,20 +403,35 @@ class Trainer:
         path = self.output_dir / name
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
-    def _plot(self) -> None:
-        reward_plot(
-            self.output_dir / "reward_plot.png",
-            self._read("metrics.jsonl"),
-            self._read("validation.jsonl"),
-        )
+    async def _report(self, metrics: dict[str, float], step: int, split: str) -> None:
+        """Redraw the plot and send the metrics to ``model.log`` (ART's history and, with
+        ``WANDB_API_KEY`` set, W&B) in the background; see :meth:`flush`. The trajectories
+        themselves are in the journal."""
+        await self.flush()
+        records = (self._read("metrics.jsonl"), self._read("validation.jsonl"))
+        self._reporting = asyncio.ensure_future(self._write_report(records, metrics, step, split))
 
-    async def _model_log(
-        self, groups: list[art.TrajectoryGroup], metrics: dict[str, float], step: int, split: str
+    async def flush(self) -> None:
+        """Wait for the last step's plot and ``model.log``; :meth:`train` does it at the end."""
+        if self._reporting is not None:
+            reporting, self._reporting = self._reporting, None
+            await reporting
+
+    async def _write_report(
+        self,
+        records: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+        metrics: dict[str, float],
+        step: int,
+        split: str,
     ) -> None:
+        try:
+            await asyncio.to_thread(reward_plot, self.output_dir / "reward_plot.png", *records)
+        except Exception as error:  # a plot must not stop training
+            _log.warning("could not draw %s: %r", self.output_dir / "reward_plot.png", error)
         if not self.log_to_model or self._model_log_failed:
             return
         try:
-            await self.model.log(groups, split=split, metrics=metrics, step=step)
+            await self.model.log(split=split, metrics=metrics, step=step)
         except Exception as error:  # logging must not stop training
             self._model_log_failed = True
             _log.warning(

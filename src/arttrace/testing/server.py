@@ -16,8 +16,7 @@ class LLMServer:
 
     def __init__(self, llm: ScriptedLLM, port: int = 0) -> None:
         self.llm = llm
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(llm))
-        self._httpd.daemon_threads = True
+        self._httpd = _HTTPServer(("127.0.0.1", port), _handler(llm))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -44,6 +43,11 @@ class LLMServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # concurrent rollouts open many connections at once
 
 
 def serve(llm: ScriptedLLM | None = None, port: int = 0) -> LLMServer:
