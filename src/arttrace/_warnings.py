@@ -43,14 +43,15 @@ _seen: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
 
-def warn_untrainable(model: str, reason: str) -> None:
+def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
+    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``."""
     with _lock:
         if (model, reason) in _seen:
             return
         _seen.add((model, reason))
     warnings.warn(
         f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
-        f"is kept as context only. {_FIXES.get(reason, '')}",
+        f"is kept as context only. {fix or _FIXES.get(reason, '')}",
         UntrainableTurnWarning,
         skip_file_prefixes=_INTERNAL,
     )

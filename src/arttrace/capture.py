@@ -75,16 +75,79 @@ def with_training_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Capture:
-    """One call in flight."""
+class OpenCall:
+    """A call in flight: its record, its span, and the trajectory that will keep it."""
 
-    __slots__ = ("_choices", "_done", "_lock", "call", "kwargs", "settings", "span", "trajectory")
+    __slots__ = ("_done", "_lock", "call", "export_tokens", "span", "trajectory")
+
+    def __init__(
+        self,
+        call: LLMCall,
+        trajectory: Trajectory | None,
+        export_tokens: bool,
+        server: Any = None,
+        parent: trace.Span | None = None,
+    ) -> None:
+        self.call, self.trajectory, self.export_tokens = call, trajectory, export_tokens
+        self.span = _tracer.start_span(
+            f"chat {call.model}",
+            context=None if parent is None else trace.set_span_in_context(parent),
+            kind=SpanKind.CLIENT,
+            attributes=_request_attributes(call, trajectory, server),
+        )
+        self._done = False
+        self._lock = threading.Lock()
+        if trajectory is not None:
+            trajectory._open(self)
+
+    def fail(self, error: BaseException) -> None:
+        """The call raised."""
+        self.call.error = f"{type(error).__name__}: {error}"
+        self.span.record_exception(error)
+        self.span.set_attribute("error.type", type(error).__qualname__)
+        self.span.set_status(Status(StatusCode.ERROR, str(error)))
+        self._finish()
+
+    def abandon(self, why: str) -> None:
+        """The call will not finish (the caller stopped reading, the trajectory ended)."""
+        if self._done:
+            return
+        self.call.partial = True
+        self.call.error = why
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        call = self.call
+        call.ended_at = time.time()
+        if self.span.is_recording():
+            self.span.set_attributes(_response_attributes(call, self.export_tokens))
+        self.span.end()
+        if call.trainable and not call.error:
+            self._warn_untrainable()
+        if self.trajectory is not None:
+            self.trajectory._close(self)
+
+    def _warn_untrainable(self) -> None:
+        for choice in self.call.choices:
+            reason = self.call.untrainable_reason(choice)
+            if reason is not None:
+                warn_untrainable(self.call.model, reason)
+                return
+
+
+class Capture(OpenCall):
+    """One Chat Completions call through the OpenAI SDK."""
+
+    __slots__ = ("_choices", "kwargs")
 
     def __init__(self, kwargs: dict[str, Any], settings: Settings, server: Any) -> None:
-        self.settings = settings
-        self.trajectory: Trajectory | None = _context.current_trajectory_var.get()
+        trajectory = _context.current_trajectory_var.get()
         model = str(kwargs.get("model", ""))
-        scope = _context.policy_scope(model) if self.trajectory is not None else None
+        scope = _context.policy_scope(model) if trajectory is not None else None
         if scope is not None and settings.request_training_data:
             kwargs = with_training_fields(kwargs)
         for name in ("messages", "tools"):  # an iterator would be used up by the record
@@ -93,7 +156,7 @@ class Capture:
                 kwargs = {**kwargs, name: list(value)}
         self.kwargs = kwargs
         tools = kwargs.get("tools") if _given(kwargs.get("tools")) else None
-        self.call = LLMCall(
+        call = LLMCall(
             model=model,
             messages=[message_dict(m) for m in kwargs.get("messages") or ()],
             tools=[dict(t) for t in tools] if tools is not None else None,
@@ -104,14 +167,8 @@ class Capture:
             agent=scope.name if scope else None,
             streamed=bool(kwargs.get("stream")),
         )
-        self.span = _tracer.start_span(
-            f"chat {model}", kind=SpanKind.CLIENT, attributes=_request_attributes(self, server)
-        )
         self._choices: dict[int, _StreamedChoice] = {}
-        self._done = False
-        self._lock = threading.Lock()
-        if self.trajectory is not None:
-            self.trajectory._open(self)
+        super().__init__(call, trajectory, settings.export_tokens, server)
 
     # -- whole responses -------------------------------------------------------------------
 
@@ -152,44 +209,17 @@ class Capture:
 
     # -- endings ---------------------------------------------------------------------------
 
-    def fail(self, error: BaseException, *, partial: bool) -> None:
+    def fail(self, error: BaseException, *, partial: bool = False) -> None:
         """The call raised (``partial``: after part of the response had arrived)."""
         if partial:
             self.call.choices = self._streamed_choices()
         self.call.partial = partial
-        self.call.error = f"{type(error).__name__}: {error}"
-        self.span.record_exception(error)
-        self.span.set_attribute("error.type", type(error).__qualname__)
-        self.span.set_status(Status(StatusCode.ERROR, str(error)))
-        self._finish()
+        super().fail(error)
 
     def abandon(self, why: str) -> None:
-        """The caller stopped reading the stream before its end."""
-        if self._done:
-            return
-        self.call.choices = self._streamed_choices()
-        self.call.partial = True
-        self.call.error = why
-        self._finish()
-
-    def _finish(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        call = self.call
-        call.ended_at = time.time()
-        if self.span.is_recording():
-            self.span.set_attributes(_response_attributes(call, self.settings.export_tokens))
-        self.span.end()
-        if call.trainable and not call.error:
-            for choice in call.choices:
-                reason = call.untrainable_reason(choice)
-                if reason is not None:
-                    warn_untrainable(call.model, reason)
-                    break
-        if self.trajectory is not None:
-            self.trajectory._close(self)
+        if not self._done:
+            self.call.choices = self._streamed_choices()
+        super().abandon(why)
 
 
 class _StreamedChoice:
@@ -318,16 +348,17 @@ def _choice_record(choice: Choice) -> ChoiceRecord:
     return record
 
 
-def _request_attributes(capture: Capture, server: Any) -> dict[str, Any]:
-    call = capture.call
+def _request_attributes(
+    call: LLMCall, trajectory: Trajectory | None, server: Any
+) -> dict[str, Any]:
     params = call.params
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "openai",
-        "gen_ai.system": "openai",
         "gen_ai.request.model": call.model,
         "arttrace.trainable": call.trainable,
     }
+    if call.source == "openai":
+        attrs["gen_ai.provider.name"] = attrs["gen_ai.system"] = "openai"
     for param, name in (
         ("temperature", "gen_ai.request.temperature"),
         ("top_p", "gen_ai.request.top_p"),
@@ -343,8 +374,10 @@ def _request_attributes(capture: Capture, server: Any) -> dict[str, Any]:
             attrs[name] = value
     if call.agent:
         attrs["arttrace.agent"] = call.agent
-    if capture.trajectory is not None:
-        attrs["arttrace.example_id"] = capture.trajectory.example_id
+    if call.source != "openai":
+        attrs["arttrace.framework"] = call.source
+    if trajectory is not None:
+        attrs["arttrace.example_id"] = trajectory.example_id
     base_url = getattr(server, "base_url", None)
     if base_url is not None:
         attrs["server.address"] = base_url.host

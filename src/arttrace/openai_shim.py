@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from . import _context
 from .capture import Capture, Settings
+from .integrations import hook_frameworks, unhook_frameworks
 
 _log = logging.getLogger("arttrace")
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
@@ -24,9 +25,10 @@ _ABANDONED = "the stream was closed before its end"
 
 
 def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
-    """Capture every Chat Completions call made through the OpenAI SDK (idempotent).
+    """Capture every Chat Completions call made through the OpenAI SDK, and hook the
+    frameworks that are installed (LangChain, LlamaIndex, Google ADK) when they are imported.
 
-    Calling it again changes the settings; :func:`uninstrument` undoes it. See
+    Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
     :class:`arttrace.capture.Settings` for the two options.
     """
     global _global
@@ -34,13 +36,16 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
         wrapt.wrap_function_wrapper(Completions, "create", _wrapper(_global_settings, False))
         wrapt.wrap_function_wrapper(AsyncCompletions, "create", _wrapper(_global_settings, True))
     _global = Settings(request_training_data, export_tokens)
+    hook_frameworks()
 
 
 def uninstrument() -> None:
-    """Remove the global patch (idempotent). Clients passed to :func:`wrap_openai` stay wrapped."""
+    """Remove the global patch and the framework hooks (idempotent). Clients passed to
+    :func:`wrap_openai` stay wrapped."""
     global _global
     if _global is None:
         return
+    unhook_frameworks()
     for cls in (Completions, AsyncCompletions):
         patched = cls.__dict__["create"]
         if isinstance(patched, wrapt.FunctionWrapper):

@@ -82,6 +82,12 @@ class LLMCall:
     agent: str | None = None
     """Name of the innermost ``@trainable`` function the call was made in."""
     streamed: bool = False
+    source: str = "openai"
+    """The layer that recorded the call: ``"openai"`` (the SDK shim) or a framework's name."""
+    framework: str | None = None
+    """The framework that made the call (LangChain, LlamaIndex, ADK), when one did."""
+    step: str | None = None
+    """The framework's name for the step that made the call (graph node, agent)."""
     partial: bool = False
     """The response did not arrive whole (stream cut, abandoned, or malformed)."""
     error: str | None = None
@@ -123,6 +129,9 @@ class LLMCall:
             "trainable": self.trainable,
             "agent": self.agent,
             "streamed": self.streamed,
+            "source": self.source,
+            "framework": self.framework,
+            "step": self.step,
             "partial": self.partial,
             "error": self.error,
             "started_at": self.started_at,

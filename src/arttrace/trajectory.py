@@ -18,10 +18,11 @@ from opentelemetry import trace
 from . import _context
 from .art_convert import history, messages_and_choices
 from .conversations import Conversation, assemble
+from .layers import merge_layers
 from .records import LLMCall
 
 if TYPE_CHECKING:
-    from .capture import Capture
+    from .capture import OpenCall
 
 MetadataValue = str | int | float | bool | None
 _tracer = trace.get_tracer("arttrace")
@@ -45,7 +46,7 @@ class Trajectory:
         self.ended_at: float | None = None
         self._reward: float | None = None
         self._calls: list[LLMCall] = []
-        self._open_captures: set[Capture] = set()
+        self._open_calls: set[OpenCall] = set()
         self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
 
     # -- reward ----------------------------------------------------------------------------
@@ -85,8 +86,8 @@ class Trajectory:
         assert self._scope is not None, "trajectory exited without being entered"
         token, otel_token, span = self._scope
         self._scope = None
-        for capture in list(self._open_captures):
-            capture.abandon("the trajectory ended before the call finished")
+        for open_call in list(self._open_calls):
+            open_call.abandon("the trajectory ended before the call finished")
         if exc is not None:
             self.exception = {
                 "type": type(exc).__qualname__,
@@ -112,22 +113,24 @@ class Trajectory:
     ) -> None:
         self.__exit__(exc_type, exc, tb)
 
-    def _open(self, capture: Capture) -> None:
-        self._open_captures.add(capture)
+    def _open(self, open_call: OpenCall) -> None:
+        self._open_calls.add(open_call)
 
-    def _close(self, capture: Capture) -> None:
-        self._open_captures.discard(capture)
-        self._calls.append(capture.call)
+    def _close(self, open_call: OpenCall) -> None:
+        self._open_calls.discard(open_call)
+        self._calls.append(open_call.call)
 
     # -- reading ---------------------------------------------------------------------------
 
     @property
     def calls(self) -> list[LLMCall]:
-        return sorted(self._calls, key=lambda c: c.seq)
+        """Every LLM call, in start order; a call both a framework and the OpenAI shim saw
+        is one call (see :func:`arttrace.layers.merge_layers`)."""
+        return merge_layers(self._calls)
 
     def conversations(self) -> list[Conversation]:
         """The calls assembled into conversations, the main one first."""
-        conversations = assemble(self._calls)
+        conversations = assemble(self.calls)
         main = next((i for i, c in enumerate(conversations) if c.trainable_turns), 0)
         if conversations:
             conversations.insert(0, conversations.pop(main))

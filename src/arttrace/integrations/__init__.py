@@ -1,0 +1,65 @@
+"""Framework integrations, one module per framework, each importable only with its extra.
+
+:func:`arttrace.instrument` hooks every framework that is installed, as soon as the
+application imports it: ``langchain`` (LangChain and LangGraph), ``llama_index`` and
+``google_adk``. Each module also offers its hook for explicit use. Every integration module has
+``install()`` and ``uninstall()`` (idempotent), which this package calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+
+import wrapt
+
+_log = logging.getLogger("arttrace")
+
+FRAMEWORKS = {
+    "langchain": "langchain_core",
+    "llama_index": "llama_index.core",
+    "google_adk": "google.adk",
+}
+"""Integration module -> the framework module whose import triggers it."""
+
+_enabled = False
+_watched: set[str] = set()
+
+
+def hook_frameworks() -> None:
+    """Install each integration now if its framework is imported, else when it is."""
+    global _enabled
+    _enabled = True
+    for name, module in FRAMEWORKS.items():
+        if name not in _watched:
+            _watched.add(name)  # fires at once if the module is already imported
+            wrapt.register_post_import_hook(functools.partial(_on_import, name), module)
+        elif module in sys.modules:
+            _install(name)
+
+
+def unhook_frameworks() -> None:
+    global _enabled
+    _enabled = False
+    for name in FRAMEWORKS:
+        integration = sys.modules.get(f"{__name__}.{name}")
+        if integration is not None:
+            integration.uninstall()
+
+
+def _on_import(name: str, _module: object) -> None:
+    _install(name)
+
+
+def _install(name: str) -> None:
+    if not _enabled:
+        return
+    try:
+        importlib.import_module(f"{__name__}.{name}").install()
+    except Exception:  # a framework version we cannot hook must not break the application
+        _log.exception(
+            "arttrace could not hook %s; its calls through the OpenAI SDK are still captured",
+            FRAMEWORKS[name],
+        )

@@ -1,0 +1,60 @@
+"""One call, seen by two layers, kept once.
+
+A framework's call to an OpenAI-compatible server (LangChain's ``ChatOpenAI``, LlamaIndex's
+``OpenAI``, ADK's ``LiteLlm``) is seen by the framework's callbacks and, below them, by the
+OpenAI shim. The shim's record has the exact request and tokens; the framework's has its names.
+:func:`merge_layers` pairs them and keeps the shim's record, named by the framework.
+
+A framework record and a shim record are the same call when the shim's call started while the
+framework's was open and both produced the same response: the same response id, or the same
+first message (role, text, tool calls and their arguments).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .conversations import message_key
+from .records import LLMCall
+
+
+def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:
+    """``calls`` in start order, each framework record folded into its shim record."""
+    ordered = sorted(calls, key=lambda c: c.seq)
+    sdk = [c for c in ordered if c.source == "openai"]
+    claimed: set[int] = set()
+    dropped: set[int] = set()
+    for framework_call in (c for c in ordered if c.source != "openai"):
+        match = next(
+            (
+                s
+                for s in sdk
+                if s.seq not in claimed
+                and s.seq > framework_call.seq
+                and s.started_at <= (framework_call.ended_at or math.inf)
+                and same_response(framework_call, s)
+            ),
+            None,
+        )
+        if match is None:
+            continue
+        claimed.add(match.seq)
+        dropped.add(framework_call.seq)
+        match.framework = framework_call.source
+        match.step = match.step or framework_call.step
+        match.trainable = match.trainable or framework_call.trainable
+        match.agent = match.agent or framework_call.agent
+    return [c for c in ordered if c.seq not in dropped]
+
+
+def same_response(framework_call: LLMCall, sdk_call: LLMCall) -> bool:
+    if framework_call.response_id and framework_call.response_id == sdk_call.response_id:
+        return True
+    if not framework_call.choices:  # the framework saw no response: the call failed
+        return not sdk_call.choices or sdk_call.error is not None
+    if not sdk_call.choices:
+        return False
+    return message_key(framework_call.choices[0].message) == message_key(
+        sdk_call.choices[0].message
+    )
