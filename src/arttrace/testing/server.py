@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -48,6 +49,10 @@ class LLMServer:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # concurrent rollouts open many connections at once
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client hung up: not an error
+            super().handle_error(request, client_address)
 
 
 def serve(llm: ScriptedLLM | None = None, port: int = 0) -> LLMServer:
