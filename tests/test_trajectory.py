@@ -269,6 +269,17 @@ def test_logprobs_without_token_ids_are_not_shipped_as_trainable(instrumented, c
     assert t.trainable_turns == 0
 
 
+def test_an_aborted_generation_is_context_and_still_converts(instrumented, clients):
+    client, _ = clients(ScriptedLLM([Reply("half an ans", finish_reason="abort")]))
+    with pytest.warns(at.UntrainableTurnWarning, match="aborted"), at.trajectory("ex") as t:
+        at.trainable(ask)(client, [{"role": "user", "content": "q"}])
+    t.reward = 0.0
+    assert t.to_art().messages_and_choices[-1] == {
+        "role": "assistant",
+        "content": "half an ans",
+    }
+
+
 @pytest.mark.parametrize("use_async", [False, True])
 def test_cut_stream_raises_the_sdk_error_and_marks_the_call(instrumented, clients, use_async):
     def run(client_pair: Any) -> type[BaseException]:

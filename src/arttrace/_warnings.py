@@ -32,6 +32,10 @@ _FIXES = {
     ),
     "the response was incomplete": "The stream was cut or abandoned; the partial call is marked.",
     "no finish reason": "The server sent no finish_reason; the turn cannot become an ART Choice.",
+    "generation aborted": (
+        "The server ended the turn with a finish_reason outside the OpenAI set (vLLM's "
+        "'abort'); the turn is not trained on."
+    ),
 }
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 _TOKEN_ID_PREFIX = "token_id:"
 _sequence = itertools.count()
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+"""The finish reasons an OpenAI ``Choice`` (hence a trainable ART turn) can carry."""
 
 
 def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
@@ -109,8 +111,8 @@ class LLMCall:
             return "no token ids"
         if len(choice.token_ids) != len(choice.logprobs):
             return "token ids and logprobs differ in length"
-        if choice.finish_reason is None:
-            return "no finish reason"
+        if choice.finish_reason not in FINISH_REASONS:
+            return "no finish reason" if choice.finish_reason is None else "generation aborted"
         return None
 
     def to_dict(self) -> dict[str, Any]:
