@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
@@ -222,6 +223,44 @@ async def test_with_raw_response_async(instrumented, clients, stream):
         await agent()
     (call,) = t.calls
     assert call.choices[0].message["content"] == "raw async" and not call.partial
+    assert len(call.choices[0].token_ids) == len(call.choices[0].logprobs) > 0
+
+
+class Answer(pydantic.BaseModel):
+    value: int
+
+
+@pytest.mark.parametrize("how", ["parse", "raw parse", "async parse", "stream helper"])
+async def test_structured_output_helpers_are_captured(instrumented, clients, how):
+    """``parse`` posts on its own (not through ``create``); ``stream()`` goes through it."""
+    sync_client, async_client = clients(ScriptedLLM([Reply('{"value": 3}')]))
+    kwargs: dict[str, Any] = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "1+2?"}],
+        "response_format": Answer,
+    }
+
+    @at.trainable
+    async def agent() -> Answer | None:
+        completions = sync_client.chat.completions
+        if how == "parse":
+            return completions.parse(**kwargs).choices[0].message.parsed
+        if how == "raw parse":
+            return completions.with_raw_response.parse(**kwargs).parse().choices[0].message.parsed
+        if how == "async parse":
+            parsed = await async_client.chat.completions.parse(**kwargs)
+            return parsed.choices[0].message.parsed
+        with completions.stream(**kwargs) as stream:
+            for _ in stream:
+                pass
+            return stream.get_final_completion().choices[0].message.parsed
+
+    async with at.trajectory("ex") as t:
+        answer = await agent()
+    assert answer == Answer(value=3)  # the caller's parsed result is untouched
+    (call,) = t.calls
+    assert call.choices[0].message["content"] == '{"value": 3}'
+    assert call.trainable and call.prompt_token_ids is not None
     assert len(call.choices[0].token_ids) == len(call.choices[0].logprobs) > 0
 
 

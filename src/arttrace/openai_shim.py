@@ -1,5 +1,6 @@
-"""The OpenAI SDK shim: Chat Completions ``create`` (sync and async, streaming or not, and
-``with_raw_response``) wrapped with ``wrapt``; the caller sees what it would see without it."""
+"""The OpenAI SDK shim: Chat Completions ``create`` and ``parse`` (sync and async, streaming or
+not, ``with_raw_response``, and the ``stream()`` helper, which calls ``create``) wrapped with
+``wrapt``; the caller sees what it would see without it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ _log = logging.getLogger("arttrace")
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
 _global: Settings | None = None
 _ABANDONED = "the stream was closed before its end"
+_METHODS = ("create", "parse")
 
 
 def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
@@ -33,8 +35,9 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
     """
     global _global
     if _global is None:
-        wrapt.wrap_function_wrapper(Completions, "create", _wrapper(_global_settings, False))
-        wrapt.wrap_function_wrapper(AsyncCompletions, "create", _wrapper(_global_settings, True))
+        for method in _METHODS:
+            wrapt.wrap_function_wrapper(Completions, method, _wrapper(_global_settings, False))
+            wrapt.wrap_function_wrapper(AsyncCompletions, method, _wrapper(_global_settings, True))
     _global = Settings(request_training_data, export_tokens)
     hook_frameworks()
 
@@ -47,9 +50,10 @@ def uninstrument() -> None:
         return
     unhook_frameworks()
     for cls in (Completions, AsyncCompletions):
-        patched = cls.__dict__["create"]
-        if isinstance(patched, wrapt.FunctionWrapper):
-            cls.create = patched.__wrapped__  # type: ignore[method-assign]
+        for method in _METHODS:
+            patched = cls.__dict__[method]
+            if isinstance(patched, wrapt.FunctionWrapper):
+                setattr(cls, method, patched.__wrapped__)
     _global = None
 
 
@@ -66,13 +70,15 @@ def wrap_openai(
     """
     settings = Settings(request_training_data, export_tokens)
     completions = client.chat.completions
-    if isinstance(completions.__dict__.get("create"), wrapt.FunctionWrapper):
-        completions.__dict__.pop("create")
     is_async = isinstance(completions, AsyncCompletions)
-    completions.create = wrapt.FunctionWrapper(  # type: ignore[method-assign,assignment]
-        completions.create, _wrapper(lambda: settings, is_async)
-    )
-    completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped create
+    for method in _METHODS:
+        if isinstance(completions.__dict__.get(method), wrapt.FunctionWrapper):
+            completions.__dict__.pop(method)
+        wrapped = wrapt.FunctionWrapper(
+            getattr(completions, method), _wrapper(lambda: settings, is_async)
+        )
+        setattr(completions, method, wrapped)
+    completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped methods
     return client
 
 
