@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
+from arttrace.journal import Journal
 from arttrace.testing import Reply, ScriptedLLM
 
 
@@ -38,23 +40,31 @@ class RecordingBackend:
 
 
 class Agent:
-    """An instrumented agent on the scripted model; its reward comes from `score(example, k)`."""
+    """An instrumented agent on the scripted model; its reward comes from `score(example, k)`.
 
-    def __init__(self, score: Any = None) -> None:
+    In-process by default; ``base_url`` puts it on a server over real HTTP instead."""
+
+    def __init__(self, score: Any = None, base_url: str | None = None) -> None:
         self.llm = ScriptedLLM(lambda r: Reply("answer to " + r["messages"][-1]["content"]))
         self.client = openai.AsyncOpenAI(
-            base_url="http://scripted/v1",
+            base_url=base_url or "http://scripted/v1",
             api_key="k",
-            http_client=httpx.AsyncClient(transport=self.llm.transport()),
+            max_retries=0,
+            http_client=None if base_url else httpx.AsyncClient(transport=self.llm.transport()),
         )
         self.runs: Counter[str] = Counter()
         self.finished: Counter[str] = Counter()
+        self.cancelled = 0
         self.score = score or (lambda example, k: float(k % 2))
 
     async def rollout(self, example: dict[str, Any]) -> float:
         k = self.runs[example["id"]]
         self.runs[example["id"]] += 1
-        await self._solve(example["q"])
+        try:
+            await self._solve(example["q"])
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         self.finished[example["id"]] += 1
         return self.score(example, k)
 
@@ -259,6 +269,60 @@ async def test_resume_after_a_crash_mid_step_loses_and_repeats_nothing(tmp_path)
     ((groups, _),) = backend.calls
     assert sorted(len(g.trajectories) for g in groups) == [4, 4, 4]
     assert result.step == 0 and resumed.completed_steps == 1
+
+
+async def test_cancelling_a_step_cancels_in_flight_runs_and_resume_finishes_it(tmp_path, server):
+    """Ctrl-C in step 1 while 5 of its runs have finished and 3 wait on the model over HTTP."""
+    release, lock, answered = threading.Event(), threading.Lock(), [0]
+    hold_after = 12 + 5  # step 0's 12 calls, then 5 of step 1's
+
+    def reply(request: dict[str, Any]) -> Reply:
+        with lock:
+            answered[0] += 1
+            held = answered[0] > hold_after
+        if held:
+            release.wait(30)
+        return Reply("answer to " + request["messages"][-1]["content"])
+
+    llm = ScriptedLLM(reply)
+    agent = Agent(base_url=server(llm).base_url)
+    backend = RecordingBackend()
+    trainer = make(tmp_path, agent, backend, train_dataset=dataset(6), max_concurrency=3)
+    await trainer.step()
+    before = asyncio.all_tasks()
+    step = asyncio.ensure_future(trainer.step())
+    while sum(agent.finished.values()) < hold_after or len(llm.requests) < hold_after + 3:
+        await asyncio.sleep(0.001)
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    await asyncio.sleep(0)  # let anything the step left behind show itself
+    assert asyncio.all_tasks() <= before  # nothing of the step runs on
+    assert agent.cancelled == 3  # the held runs saw the cancellation
+    release.set()
+
+    out = tmp_path / "out"
+    directory = out / "journal" / "step-00001"
+    assert sorted(p.name for p in directory.iterdir() if p.name.startswith(".")) == []
+    journaled = Journal(out).finished(1)
+    assert len(journaled) == 5 and all(
+        t.exception is None and t.reward is not None and t.to_art().messages_and_choices
+        for t in journaled.values()
+    )
+    per_example = Counter(t.example_id for t in journaled.values())
+    step1 = {trainer.example_id(trainer.train_dataset[i], i, "train") for i in trainer.batch(1)[1]}
+    assert per_example == {e: n for e, n in agent.finished.items() if e in step1}
+    assert len(backend.calls) == 1 and trainer.completed_steps == 1
+
+    resumed = make(tmp_path, agent, backend, train_dataset=dataset(6), resume=True)
+    finished_before = agent.finished.copy()
+    result = await resumed.step()
+    ran = agent.finished - finished_before
+    assert ran == {e: 4 - per_example[e] for e in step1 if per_example[e] < 4}
+    assert result.step == 1 and len(backend.calls) == 2
+    assert sorted(len(g.trajectories) for g in backend.calls[1][0]) == [4, 4, 4]
+    assert len(list(directory.glob("[0-9]*.json"))) == 12 and (directory / "shipped.json").exists()
+    await resumed.flush()
 
 
 async def test_failing_rollouts_are_recorded_and_the_step_goes_on(tmp_path):
