@@ -80,6 +80,18 @@ class FrameworkCall(OpenCall):
         call.streamed = streamed
         self._finish()
 
+    def discard(self) -> None:
+        """The model was never called (a framework callback answered in its place): the
+        trajectory keeps no record of this call, and its span ends marked as discarded."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.span.set_attribute("arttrace.discarded", True)
+        self.span.end()
+        if self.trajectory is not None:
+            self.trajectory._open_calls.discard(self)
+
     def _warn_untrainable(self) -> None:
         if self._seen_by_shim():
             return  # the shim's record of this call is the one trained on; it warns itself

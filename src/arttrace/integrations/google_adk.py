@@ -1,0 +1,785 @@
+"""Google ADK: a plugin that records every model call of an ADK agent, and spans for its agent
+and tool steps.
+
+With :func:`arttrace.instrument` every ADK ``Runner`` gets an :class:`ArttracePlugin` when it
+runs (first in its plugin list, unless it already has one). Without it, add the plugin yourself::
+
+    runner = InMemoryRunner(agent=agent, plugins=[ArttracePlugin()])
+
+Each model call becomes one record in OpenAI form (system instruction, user text and media,
+assistant tool calls with their ids, tool results with ``tool_call_id``, the function
+declarations as ``tools``). ADK keeps no token ids, so exact tokens come from the OpenAI SDK
+shim below ADK: give the agent ``LiteLlm(model="openai/<served name>", api_base=...)`` and call
+``arttrace.instrument()``; the trajectory then keeps the shim's record of each call, named by
+this plugin.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import sys
+import threading
+import weakref
+from array import array
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import wraps
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+import wrapt
+from google.adk.plugins import BasePlugin
+from google.genai import types
+from opentelemetry.trace import Span, Status, StatusCode
+
+from ..framework import FrameworkCall, choice_record, step_span
+from ..openai_shim import is_instrumented
+from ..records import ChoiceRecord
+
+if TYPE_CHECKING:
+    from google.adk.agents.base_agent import BaseAgent
+    from google.adk.agents.callback_context import CallbackContext
+    from google.adk.agents.invocation_context import InvocationContext
+    from google.adk.events.event import Event
+    from google.adk.models.llm_request import LlmRequest
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.plugins.plugin_manager import PluginManager
+    from google.adk.runners import Runner
+    from google.adk.tools.base_tool import BaseTool
+    from google.adk.tools.tool_context import ToolContext
+
+__all__ = ["FRAMEWORK", "ArttracePlugin", "install", "uninstall"]
+
+FRAMEWORK = "google_adk"
+"""The ``framework`` name on the calls this integration records."""
+
+_log = logging.getLogger("arttrace")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_FIX_INSTRUMENT = (
+    "The ADK plugin alone sees no token ids: call arttrace.instrument() before the agent runs "
+    "and give the agent LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1'), "
+    "so the OpenAI SDK shim records the exact tokens of each call."
+)
+_FIX_PROVIDER = (
+    "This ADK model does not reach the server through the OpenAI SDK, so arttrace cannot record "
+    "its exact tokens: serve the policy with vLLM and give the agent "
+    "LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1') (LiteLLM's 'openai/' "
+    "route goes through the OpenAI SDK)."
+)
+
+# Finish reasons: Gemini's names to OpenAI's (ADK reports STOP for tool calls too).
+_FINISH_REASONS = {
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+    "IMAGE_PROHIBITED_CONTENT": "content_filter",
+    "MALFORMED_FUNCTION_CALL": "tool_calls",
+    "UNEXPECTED_TOOL_CALL": "tool_calls",
+    "TOO_MANY_TOOL_CALLS": "tool_calls",
+}
+
+# Request settings from GenerateContentConfig, under their Chat Completions names.
+_PARAMS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "max_output_tokens": "max_completion_tokens",
+    "stop_sequences": "stop",
+    "seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "candidate_count": "n",
+    "response_logprobs": "logprobs",
+    "logprobs": "top_logprobs",
+}
+
+
+@dataclass(eq=False, slots=True)
+class _ModelCall:
+    """One model call in flight, from ``before_model_callback`` to its final response."""
+
+    open: FrameworkCall
+    request: Any
+    invocation_id: str
+    key: object
+    """The model response event's ``EventActions``: the same object in every callback of
+    this call and on the event ADK builds from its response (kept so its id stays unique)."""
+    response_id: str | None = None
+    """The server's completion id, read below ADK when arttrace is installed."""
+    streamed: bool = False
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Step:
+    span: Span
+    invocation_id: str
+    key: object
+
+
+_current_call: ContextVar[_ModelCall | None] = ContextVar("arttrace_adk_model_call", default=None)
+"""The model call the current ADK flow is making; LiteLLM's client reads it to hand over the
+server's completion id."""
+
+
+def _guarded(
+    callback: Callable[_P, Coroutine[Any, Any, _R]],
+) -> Callable[_P, Coroutine[Any, Any, _R | None]]:
+    """A plugin callback that never breaks the agent: ADK turns a plugin's exception into a
+    failed run, so a recording failure is logged and the agent goes on."""
+
+    @wraps(callback)
+    async def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        try:
+            return await callback(*args, **kwargs)
+        except Exception:
+            _log.exception("arttrace: the ADK plugin failed in %s", callback.__name__)
+            return None
+
+    return guarded
+
+
+class ArttracePlugin(BasePlugin):
+    """Records each model call of an ADK agent for arttrace, and its agent and tool steps as
+    OpenTelemetry spans.
+
+    Register it first in the runner's plugins (a plugin that answers a callback earlier in the
+    list hides it from this one): ``Runner(..., plugins=[ArttracePlugin(), ...])`` or
+    ``App(..., plugins=[ArttracePlugin(), ...])``. :func:`arttrace.instrument` adds one to every
+    runner that has none. The plugin only observes: it never changes a request or a response.
+    """
+
+    def __init__(self, name: str = "arttrace") -> None:
+        super().__init__(name=name)
+        self._lock = threading.Lock()
+        self._calls: dict[int, _ModelCall] = {}
+        self._agents: dict[tuple[str, str], list[_Step]] = {}
+        self._tools: dict[int, _Step] = {}
+
+    # -- model calls -----------------------------------------------------------------------
+
+    @_guarded
+    async def before_model_callback(
+        self, *, callback_context: CallbackContext, llm_request: LlmRequest
+    ) -> LlmResponse | None:
+        key = callback_context.actions
+        invocation_id = callback_context.invocation_id
+        agent_name = callback_context.agent_name
+        stale = self._pop_call(key)
+        if stale is not None:  # the previous call under this event never got a response
+            stale.open.discard()
+        model = _served_model(str(_get(llm_request, "model") or ""))
+        open_call = FrameworkCall(
+            FRAMEWORK,
+            model,
+            request_messages(llm_request),
+            tools=request_tools(llm_request),
+            params=_request_params(llm_request),
+            step=agent_name,
+            parent=self._agent_span(invocation_id, agent_name),
+            fix=_FIX_PROVIDER if is_instrumented() else _FIX_INSTRUMENT,
+        )
+        state = _ModelCall(open_call, llm_request, invocation_id, key)
+        with self._lock:
+            self._calls[id(key)] = state
+        _current_call.set(state)
+        return None
+
+    @_guarded
+    async def after_model_callback(
+        self, *, callback_context: CallbackContext, llm_response: LlmResponse
+    ) -> LlmResponse | None:
+        key = callback_context.actions
+        if _get(llm_response, "partial"):
+            state = self._find_call(key)
+            if state is not None:
+                state.streamed = True
+                state.logprobs.extend(_logprobs(llm_response))
+            return None
+        state = self._pop_call(key)
+        if state is None:
+            return None
+        state.done = True
+        _current_call.set(None)
+        self._finish(state, llm_response)
+        return None
+
+    @_guarded
+    async def on_model_error_callback(
+        self, *, callback_context: CallbackContext, llm_request: LlmRequest, error: Exception
+    ) -> LlmResponse | None:
+        state = self._pop_call(callback_context.actions)
+        if state is not None:
+            state.done = True
+            _current_call.set(None)
+            state.open.fail(error)
+        return None
+
+    @_guarded
+    async def on_event_callback(
+        self, *, invocation_context: InvocationContext, event: Event
+    ) -> Event | None:
+        # A model call's response reaches after_model_callback before ADK turns it into an
+        # event. A final event of a call still open means a callback answered in the model's
+        # place: the model was never called.
+        if not _get(event, "partial"):
+            state = self._pop_call(_get(event, "actions"))
+            if state is not None:
+                state.done = True
+                state.open.discard()
+        return None
+
+    # -- agent and tool steps --------------------------------------------------------------
+
+    @_guarded
+    async def before_agent_callback(
+        self, *, agent: BaseAgent, callback_context: CallbackContext
+    ) -> types.Content | None:
+        name = str(_get(agent, "name") or type(agent).__name__)
+        invocation_id = callback_context.invocation_id
+        span = step_span(
+            "invoke_agent",
+            name,
+            FRAMEWORK,
+            attributes={"gen_ai.agent.description": _get(agent, "description") or None},
+        )
+        with self._lock:
+            stack = self._agents.setdefault((invocation_id, name), [])
+            stack.append(_Step(span, invocation_id, None))
+        return None
+
+    @_guarded
+    async def after_agent_callback(
+        self, *, agent: BaseAgent, callback_context: CallbackContext
+    ) -> types.Content | None:
+        self._end_agent(callback_context.invocation_id, agent, None)
+        return None
+
+    @_guarded
+    async def on_agent_error_callback(
+        self, *, agent: BaseAgent, callback_context: CallbackContext, error: Exception
+    ) -> None:
+        self._end_agent(callback_context.invocation_id, agent, error)
+
+    @_guarded
+    async def before_tool_callback(
+        self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
+    ) -> dict[str, Any] | None:
+        invocation_id = tool_context.invocation_id
+        span = step_span(
+            "execute_tool",
+            str(_get(tool, "name") or type(tool).__name__),
+            FRAMEWORK,
+            parent=self._agent_span(invocation_id, tool_context.agent_name),
+            attributes={
+                "gen_ai.tool.call.id": _get(tool_context, "function_call_id") or None,
+                "gen_ai.tool.description": _get(tool, "description") or None,
+            },
+        )
+        with self._lock:
+            self._tools[id(tool_context)] = _Step(span, invocation_id, tool_context)
+        return None
+
+    @_guarded
+    async def after_tool_callback(
+        self,
+        *,
+        tool: BaseTool,
+        tool_args: dict[str, Any],
+        tool_context: ToolContext,
+        result: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        step = self._pop_tool(tool_context)
+        if step is not None:
+            step.span.end()
+        return None
+
+    @_guarded
+    async def on_tool_error_callback(
+        self,
+        *,
+        tool: BaseTool,
+        tool_args: dict[str, Any],
+        tool_context: ToolContext,
+        error: Exception,
+    ) -> dict[str, Any] | None:
+        step = self._pop_tool(tool_context)
+        if step is not None:
+            _end(step.span, error)
+        return None
+
+    # -- the end of a run ------------------------------------------------------------------
+
+    @_guarded
+    async def after_run_callback(self, *, invocation_context: InvocationContext) -> None:
+        self._close_invocation(invocation_context.invocation_id, None)
+
+    @_guarded
+    async def on_run_error_callback(
+        self, *, invocation_context: InvocationContext, error: Exception
+    ) -> None:
+        self._close_invocation(invocation_context.invocation_id, error)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _finish(self, state: _ModelCall, response: Any) -> None:
+        try:  # the model may have added to the request (ADK appends a user turn when needed)
+            state.open.call.messages = request_messages(state.request)
+        except Exception:
+            _log.debug("arttrace: kept the ADK request as first seen", exc_info=True)
+        message = response_message(response)
+        logprobs = _logprobs(response) or state.logprobs
+        choice = _choice(message, _finish_reason(response, message), logprobs)
+        state.open.finish(
+            [choice],
+            usage=_usage(_get(response, "usage_metadata")),
+            response_id=state.response_id,
+            response_model=_get(response, "model_version"),
+            streamed=state.streamed,
+        )
+
+    def _find_call(self, key: object) -> _ModelCall | None:
+        with self._lock:
+            state = self._calls.get(id(key))
+        return state if state is not None and state.key is key else None
+
+    def _pop_call(self, key: object) -> _ModelCall | None:
+        with self._lock:
+            state = self._calls.get(id(key))
+            if state is None or state.key is not key:
+                return None
+            del self._calls[id(key)]
+        return state
+
+    def _pop_tool(self, tool_context: object) -> _Step | None:
+        with self._lock:
+            step = self._tools.get(id(tool_context))
+            if step is None or step.key is not tool_context:
+                return None
+            del self._tools[id(tool_context)]
+        return step
+
+    def _agent_span(self, invocation_id: str, agent_name: str) -> Span | None:
+        with self._lock:
+            stack = self._agents.get((invocation_id, agent_name))
+            return stack[-1].span if stack else None
+
+    def _end_agent(self, invocation_id: str, agent: object, error: BaseException | None) -> None:
+        name = str(_get(agent, "name") or type(agent).__name__)
+        with self._lock:
+            stack = self._agents.get((invocation_id, name))
+            step = stack.pop() if stack else None
+            if stack == []:
+                del self._agents[(invocation_id, name)]
+        if step is not None:
+            _end(step.span, error)
+
+    def _close_invocation(self, invocation_id: str, error: BaseException | None) -> None:
+        """End what the run left open: agents that ended the invocation early, tool steps that
+        raised, and model calls answered by a callback that produced no event."""
+        with self._lock:
+            calls = [s for s in self._calls.values() if s.invocation_id == invocation_id]
+            for state in calls:
+                del self._calls[id(state.key)]
+            tools = [s for s in self._tools.values() if s.invocation_id == invocation_id]
+            for step in tools:
+                del self._tools[id(step.key)]
+            agents = [k for k in self._agents if k[0] == invocation_id]
+            steps = [s for k in agents for s in reversed(self._agents.pop(k))]
+        for state in calls:
+            state.done = True
+            if error is not None:
+                state.open.fail(error)
+            else:
+                state.open.discard()
+        for step in [*tools, *steps]:
+            _end(step.span, error)
+
+
+# -- LlmRequest / LlmResponse to OpenAI form -------------------------------------------------
+
+
+def request_messages(llm_request: Any) -> list[dict[str, Any]]:
+    """The messages of an ADK ``LlmRequest`` in OpenAI Chat Completions form, as LiteLLM sends
+    them: the system instruction first, then each content (``model`` turns as assistant
+    messages with ``tool_calls``, function responses as ``tool`` messages with their
+    ``tool_call_id``, other user parts as a user message)."""
+    messages: list[dict[str, Any]] = []
+    system = _system_text(_get(_get(llm_request, "config"), "system_instruction"))
+    if system:
+        messages.append({"role": "system", "content": system})
+    for content in _get(llm_request, "contents") or ():
+        messages.extend(_content_messages(content))
+    return messages
+
+
+def request_tools(llm_request: Any) -> list[dict[str, Any]] | None:
+    """The function declarations of an ADK ``LlmRequest`` as OpenAI ``tools``."""
+    tools: list[dict[str, Any]] = []
+    for tool in _get(_get(llm_request, "config"), "tools") or ():
+        for declaration in _get(tool, "function_declarations") or ():
+            tools.append(_tool_param(declaration))
+    return tools or None
+
+
+def response_message(llm_response: Any) -> dict[str, Any]:
+    """An ADK ``LlmResponse`` as the OpenAI assistant message the server returned."""
+    content = _get(llm_response, "content")
+    message = _assistant_message(_get(content, "parts") or ()) if content is not None else None
+    if message is None:
+        return {"role": "assistant", "content": ""}
+    return message
+
+
+def _content_messages(content: Any) -> list[dict[str, Any]]:
+    parts = list(_get(content, "parts") or ())
+    if not parts:
+        return []
+    role = _get(content, "role")
+    if role in ("model", "assistant"):
+        message = _assistant_message(parts)
+        return [message] if message is not None else []
+    tool_messages = [
+        _tool_message(_get(p, "function_response"))
+        for p in parts
+        if _get(p, "function_response") is not None
+    ]
+    others = [p for p in parts if _get(p, "function_response") is None and not _get(p, "thought")]
+    user = _user_content(others)
+    return tool_messages + ([{"role": "user", "content": user}] if user is not None else [])
+
+
+def _assistant_message(parts: Sequence[Any]) -> dict[str, Any] | None:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for part in parts:
+        call = _get(part, "function_call")
+        text = _get(part, "text")
+        if call is not None:
+            tool_calls.append(
+                {
+                    "id": _get(call, "id") or "",
+                    "type": "function",
+                    "function": {
+                        "name": _get(call, "name") or "",
+                        "arguments": _json(_get(call, "args") or {}),
+                    },
+                }
+            )
+        elif text:
+            (thoughts if _get(part, "thought") else texts).append(str(text))
+    if not (texts or thoughts or tool_calls):
+        return None
+    message: dict[str, Any] = {"role": "assistant"}
+    if texts:
+        message["content"] = "\n".join(texts)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
+    return message
+
+
+def _tool_message(response: Any) -> dict[str, Any]:
+    value = _get(response, "response")
+    return {
+        "role": "tool",
+        "tool_call_id": _get(response, "id") or "",
+        "content": value if isinstance(value, str) else _json(value),
+    }
+
+
+def _user_content(parts: Sequence[Any]) -> str | list[dict[str, Any]] | None:
+    if len(parts) == 1 and _get(parts[0], "text"):
+        return str(_get(parts[0], "text"))
+    content = [c for c in (_content_part(p) for p in parts) if c is not None]
+    return content or None
+
+
+def _content_part(part: Any) -> dict[str, Any] | None:
+    text = _get(part, "text")
+    if text:
+        return {"type": "text", "text": str(text)}
+    blob = _get(part, "inline_data")
+    if blob is not None and _get(blob, "data"):
+        mime = str(_get(blob, "mime_type") or "application/octet-stream")
+        data = _get(blob, "data")
+        raw = data if isinstance(data, bytes) else str(data).encode()
+        if mime.startswith("text/"):
+            return {"type": "text", "text": raw.decode("utf-8", "replace")}
+        encoded = base64.b64encode(raw).decode()
+        if mime.startswith("audio/"):
+            return {
+                "type": "input_audio",
+                "input_audio": {"data": encoded, "format": mime.split("/", 1)[1]},
+            }
+        if mime.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{encoded}"}}
+        return {"type": "file", "file": {"file_data": f"data:{mime};base64,{encoded}"}}
+    file = _get(part, "file_data")
+    if file is not None and _get(file, "file_uri"):
+        uri, mime = str(_get(file, "file_uri")), str(_get(file, "mime_type") or "")
+        if mime.startswith("image/") or not mime:
+            return {"type": "image_url", "image_url": {"url": uri}}
+        return {"type": "file", "file": {"file_id": uri}}
+    return None
+
+
+def _system_text(instruction: Any) -> str | None:
+    if instruction is None:
+        return None
+    if isinstance(instruction, str):
+        return instruction
+    parts = _get(instruction, "parts")
+    if parts is None:
+        parts = instruction if isinstance(instruction, list) else [instruction]
+    texts = [p if isinstance(p, str) else _get(p, "text") for p in parts]
+    return "\n".join(str(t) for t in texts if t) or None
+
+
+def _tool_param(declaration: Any) -> dict[str, Any]:
+    schema = _get(declaration, "parameters_json_schema")
+    if schema is not None:
+        parameters = json.loads(_json(schema))
+    elif (declared := _get(declaration, "parameters")) is not None:
+        parameters = (
+            declared.json_schema.model_dump(mode="json", exclude_none=True)
+            if isinstance(declared, types.Schema)
+            else json.loads(_json(declared))
+        )
+        parameters.setdefault("type", "object")
+        parameters.setdefault("properties", {})
+    else:
+        parameters = {"type": "object", "properties": {}}
+    return {
+        "type": "function",
+        "function": {
+            "name": _get(declaration, "name") or "",
+            "description": _get(declaration, "description") or "",
+            "parameters": parameters,
+        },
+    }
+
+
+def _request_params(llm_request: Any) -> dict[str, Any]:
+    config = _get(llm_request, "config")
+    params = {name: _get(config, key) for key, name in _PARAMS.items()}
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _choice(
+    message: dict[str, Any], finish_reason: str, logprobs: list[dict[str, Any]]
+) -> ChoiceRecord:
+    record = choice_record(message, finish_reason=finish_reason, logprobs=logprobs or None)
+    ids = [entry.get("token_id") for entry in logprobs]
+    if ids and record.token_ids is None and all(isinstance(i, int) for i in ids):
+        record.token_ids = array("q", ids)  # type: ignore[arg-type]  # checked: all ints
+    return record
+
+
+def _logprobs(response: Any) -> list[dict[str, Any]]:
+    """Gemini's per-token logprobs (``response_logprobs=True``), in OpenAI form; LiteLLM's
+    responses carry none."""
+    result = _get(response, "logprobs_result")
+    chosen = list(_get(result, "chosen_candidates") or ())
+    top = list(_get(result, "top_candidates") or ())
+    entries = []
+    for i, candidate in enumerate(chosen):
+        alternatives = _get(top[i], "candidates") or () if i < len(top) else ()
+        entries.append(
+            {
+                "token": _get(candidate, "token") or "",
+                "logprob": float(_get(candidate, "log_probability") or 0.0),
+                "token_id": _get(candidate, "token_id"),
+                "top_logprobs": [
+                    {
+                        "token": _get(a, "token") or "",
+                        "logprob": float(_get(a, "log_probability") or 0.0),
+                    }
+                    for a in alternatives
+                ],
+            }
+        )
+    return entries
+
+
+def _finish_reason(response: Any, message: Mapping[str, Any]) -> str:
+    reason = _get(response, "finish_reason")
+    name = str(getattr(reason, "name", reason or ""))
+    if name in _FINISH_REASONS:
+        return _FINISH_REASONS[name]
+    return "tool_calls" if message.get("tool_calls") else "stop"
+
+
+def _usage(usage: Any) -> dict[str, int] | None:
+    if usage is None:
+        return None
+    counts = {
+        "prompt_tokens": _get(usage, "prompt_token_count"),
+        "completion_tokens": _get(usage, "candidates_token_count"),
+        "total_tokens": _get(usage, "total_token_count"),
+    }
+    return {k: int(v) for k, v in counts.items() if v is not None} or None
+
+
+def _served_model(model: str) -> str:
+    """The model name the server sees: LiteLLM strips its provider prefix (``openai/``)."""
+    prefix, _, rest = model.partition("/")
+    if not rest or _LITE_LLM not in sys.modules:
+        return model
+    # ADK imports LiteLLM on its adapter's first call, which comes right after this one.
+    from litellm import provider_list
+
+    return rest if prefix in provider_list else model
+
+
+def _end(span: Span, error: BaseException | None) -> None:
+    if error is not None:
+        span.record_exception(error)
+        span.set_attribute("error.type", type(error).__qualname__)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+    span.end()
+
+
+def _get(obj: Any, name: str) -> Any:
+    """A field of an ADK/genai object or of the plain dict standing in for one."""
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _json(value: Any) -> str:
+    """JSON text as ADK's LiteLLM adapter writes it (its repr when it has no JSON form)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return str(value)
+
+
+# -- install / uninstall ---------------------------------------------------------------------
+
+_installed = False
+_lite_llm_hooked = False
+_install_lock = threading.Lock()
+_added: weakref.WeakKeyDictionary[PluginManager, ArttracePlugin] = weakref.WeakKeyDictionary()
+_LITE_LLM = "google.adk.models.lite_llm"
+
+
+def install() -> None:
+    """Give every ADK ``Runner`` an :class:`ArttracePlugin` when it runs (unless it has one),
+    and read the server's completion id below ADK's LiteLLM model so each call pairs with the
+    OpenAI shim's record of it. Idempotent; :func:`arttrace.instrument` calls it."""
+    global _installed, _lite_llm_hooked
+    from google.adk.runners import Runner
+
+    with _install_lock:
+        if _installed:
+            return
+        _installed = True
+        if not isinstance(Runner.__dict__.get("run_async"), wrapt.FunctionWrapper):
+            wrapt.wrap_function_wrapper(Runner, "run_async", _run_async)
+        register = not _lite_llm_hooked
+        _lite_llm_hooked = True
+    if register:  # fires at once if LiteLLM's adapter is imported (importing it is slow)
+        wrapt.register_post_import_hook(_hook_lite_llm, _LITE_LLM)
+    elif _LITE_LLM in sys.modules:
+        _hook_lite_llm(sys.modules[_LITE_LLM])
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: remove the plugins it added and the wrappers (idempotent).
+    Plugins you registered yourself stay."""
+    global _installed
+    with _install_lock:
+        if not _installed:
+            return
+        _installed = False
+        runners = sys.modules.get("google.adk.runners")
+        if runners is not None:
+            _unwrap(runners.Runner, "run_async")
+        lite_llm = sys.modules.get(_LITE_LLM)
+        if lite_llm is not None:
+            _unwrap(lite_llm.LiteLLMClient, "acompletion")
+        added = list(_added.items())
+        _added.clear()
+    for manager, plugin in added:
+        if plugin in manager.plugins:
+            manager.plugins.remove(plugin)
+
+
+def _run_async(
+    wrapped: Callable[..., Any], instance: Runner, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    if _installed:
+        manager = getattr(instance, "plugin_manager", None)
+        if manager is not None:
+            with _install_lock:
+                if not any(isinstance(p, ArttracePlugin) for p in manager.plugins):
+                    plugin = ArttracePlugin()
+                    manager.plugins.insert(0, plugin)  # first: no plugin can hide a call from it
+                    _added[manager] = plugin
+    return wrapped(*args, **kwargs)
+
+
+def _hook_lite_llm(module: Any) -> None:
+    with _install_lock:
+        if _installed and not isinstance(
+            module.LiteLLMClient.__dict__.get("acompletion"), wrapt.FunctionWrapper
+        ):
+            wrapt.wrap_function_wrapper(module.LiteLLMClient, "acompletion", _acompletion)
+
+
+async def _acompletion(
+    wrapped: Callable[..., Awaitable[Any]],
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    response = await wrapped(*args, **kwargs)
+    state = _current_call.get()
+    if state is None or state.done or state.response_id is not None:
+        return response
+    if kwargs.get("stream"):
+        return _IdStream(response, state)
+    response_id = getattr(response, "id", None)
+    if isinstance(response_id, str):
+        state.response_id = response_id
+    return response
+
+
+class _IdStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
+    """LiteLLM's stream, unchanged, reading the completion id off its first chunk."""
+
+    def __init__(self, stream: Any, state: _ModelCall) -> None:
+        super().__init__(stream)
+        self._self_state = state
+
+    def __aiter__(self) -> _IdStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        chunk = await self.__wrapped__.__anext__()
+        state = self._self_state
+        if state.response_id is None and not state.done:
+            response_id = getattr(chunk, "id", None)
+            if isinstance(response_id, str):
+                state.response_id = response_id
+        return chunk
+
+
+def _unwrap(owner: type, name: str) -> None:
+    patched = owner.__dict__.get(name)
+    if isinstance(patched, wrapt.FunctionWrapper):
+        setattr(owner, name, patched.__wrapped__)
