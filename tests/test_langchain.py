@@ -21,13 +21,16 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.tools import tool
 from langchain_core.tracers.context import _configure_hooks
 from langchain_openai import ChatOpenAI
-from langgraph.graph import END, START, StateGraph
-from langgraph.prebuilt import create_react_agent
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, create_react_agent
+from langgraph.types import interrupt
 from openai.types.chat.chat_completion import Choice
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 import arttrace as at
@@ -333,6 +336,25 @@ def test_only_the_trainable_node_gives_policy_turns(instrumented, llm_server, en
     ]
 
 
+def test_react_agent_as_a_subgraph_node_names_its_calls_by_path(instrumented, llm_server):
+    s = llm_server()
+    outer = StateGraph(MessagesState)
+    outer.add_node("research", react_agent(s))
+    outer.add_edge(START, "research")
+    outer.add_edge("research", END)
+    app = outer.compile()
+
+    @at.trainable
+    def solve(k: int) -> Any:
+        return app.invoke({"messages": [("user", f"agent {k}")]})
+
+    with at.trajectory("ex") as t:
+        solve(8)
+        t.reward = 1.0
+    assert [c.step for c in t.calls] == ["research/agent"] * 3
+    assert t.trainable_turns == 3
+
+
 # -- the handler on its own ---------------------------------------------------------------
 
 
@@ -412,6 +434,31 @@ def test_handler_records_messages_as_chatopenai_sends_them(llm_server):
     assert call.messages[3]["content"] is None
     assert call.messages[4] == {"role": "tool", "tool_call_id": "call_a", "content": "3"}
     assert call.choices[0].message == {"role": "assistant", "content": "Seen."}
+
+
+async def test_explicit_handler_with_wrapped_clients_is_trainable_without_a_global_patch(
+    llm_server,
+):
+    s = llm_server(["sync answer", "async answer"])
+    chat = model(s)
+    at.wrap_openai(chat.root_client)
+    at.wrap_openai(chat.root_async_client)
+    config = {"callbacks": [ArttraceCallbackHandler()]}
+
+    @at.trainable
+    async def ask() -> None:
+        await asyncio.to_thread(chat.invoke, "sync question", config)
+        await chat.ainvoke("async question", config)
+
+    with warnings.catch_warnings(record=True) as caught, at.trajectory("ex") as t:
+        warnings.simplefilter("always")
+        await ask()
+        t.reward = 1.0
+    assert not [w for w in caught if issubclass(w.category, at.UntrainableTurnWarning)]
+    assert [(c.source, c.framework, c.trainable) for c in t.calls] == [
+        ("openai", "langchain", True)
+    ] * 2
+    assert t.trainable_turns == 2
 
 
 def test_explicit_handler_under_instrument_is_not_doubled(instrumented, llm_server):
@@ -512,3 +559,40 @@ def test_spans_have_the_graph_shape(instrumented, llm_server):
     assert len(tool_ids) == 1 and tool_ids[0].startswith("call_")
     assert sum(1 for s in steps if s.name == "chat policy") == 3
     assert named["invoke_agent agent"].attributes["arttrace.langgraph.node"] == "agent"
+
+
+def test_a_failing_tool_fails_its_span_and_an_interrupt_fails_nothing(instrumented, llm_server):
+    exporter = _exporter()
+
+    @tool
+    def broken(a: float, b: float) -> float:
+        """Always fails."""
+        raise ValueError("broken tool")
+
+    s = llm_server([Reply(tool_calls=[ToolCall("broken", {"a": 1, "b": 2})]), Reply("gave up")])
+    agent = create_react_agent(model(s), ToolNode([broken], handle_tool_errors=True))
+
+    class Question(TypedDict):
+        answer: str
+
+    def ask_human(state: Question) -> dict[str, str]:
+        return {"answer": interrupt("need input")}
+
+    graph = StateGraph(Question)
+    graph.add_node("ask_human", ask_human)
+    graph.add_edge(START, "ask_human")
+    graph.add_edge("ask_human", END)
+    app = graph.compile(checkpointer=InMemorySaver())
+
+    with at.trajectory("ex") as t:
+        out = agent.invoke({"messages": [("user", "try it")]})
+        paused = app.invoke({"answer": ""}, {"configurable": {"thread_id": "1"}})
+    assert "broken tool" in str(out["messages"][2].content)  # ToolNode reports it to the model
+    assert "__interrupt__" in paused
+    assert len(t.calls) == 2
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    failed = spans["execute_tool broken"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["error.type"] == "ValueError"
+    assert spans["invoke_agent ask_human"].status.status_code is StatusCode.UNSET
+    assert not spans["invoke_agent ask_human"].events
