@@ -590,8 +590,8 @@ async def test_handler_alone_records_llama_index_view_and_warns_once(server):
     # sampled tokens' logprobs come from the raw completion, one per completion token.
     for call in t.calls:
         (choice,) = call.choices
-        assert choice.logprobs is not None
-        assert len(choice.logprobs) == call.usage["completion_tokens"]  # type: ignore[index]
+        assert choice.logprobs is not None and call.usage is not None
+        assert len(choice.logprobs) == call.usage["completion_tokens"]
         assert call.prompt_token_ids is None  # nobody asked vLLM for them
 
     result = t.to_art()

@@ -233,12 +233,12 @@ class _State:
 
     def _prune(self) -> None:
         """Forget calls that ended without their end event (the trajectory abandoned them)."""
-        for key in [k for k, s in self.pending.items() if s[0].call.call.ended_at is not None]:
-            stack = [p for p in self.pending[key] if p.call.call.ended_at is None]
-            if stack:
-                self.pending[key] = stack
-            else:
+        for key, stack in list(self.pending.items()):
+            alive = [p for p in stack if p.call.call.ended_at is None]
+            if not alive:
                 del self.pending[key]
+            elif len(alive) < len(stack):
+                self.pending[key] = alive
 
 
 # -- the handlers ---------------------------------------------------------------------------
