@@ -16,7 +16,6 @@ parsers, sequences, routers) get none, their children nest under the nearest spa
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -36,10 +35,9 @@ from .. import _context
 from ..framework import FrameworkCall, choice_record, step_span
 from ..records import ChoiceRecord
 
-__all__ = ["ArttraceCallbackHandler", "install", "uninstall"]
+__all__ = ["ArttraceCallbackHandler", "install", "openai_messages", "uninstall"]
 
 FRAMEWORK = "langchain"
-_log = logging.getLogger("arttrace")
 _NOT_PARAMS = frozenset({"model", "model_name", "tools", "_type"})
 # LangGraph raises these to steer the graph (interrupts, commands to a parent): not failures.
 _CONTROL_FLOW = frozenset({"GraphBubbleUp", "GraphInterrupt", "NodeInterrupt", "ParentCommand"})
