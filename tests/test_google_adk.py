@@ -384,8 +384,10 @@ async def test_a_callback_answering_for_the_model_leaves_no_call(
     assert items[2] == {"role": "assistant", "content": "hit"}
 
 
-async def test_a_failed_model_call_is_recorded_once_with_its_error(server: Serve) -> None:
-    llm = ScriptedLLM([])  # an exhausted script answers 500
+async def test_a_failed_model_call_is_recorded_once_with_its_error(
+    instrumented: None, server: Serve
+) -> None:
+    llm = ScriptedLLM([])  # an exhausted script answers 500 (the OpenAI SDK retries twice)
     agent = calc_agent(server(llm).base_url)
     runner = Runner(
         app=App(name="app", root_agent=agent, plugins=[ArttracePlugin()]),
@@ -395,8 +397,10 @@ async def test_a_failed_model_call_is_recorded_once_with_its_error(server: Serve
     async with at.trajectory("fails") as t:
         with pytest.raises(Exception, match="no reply left"):
             await ask(runner, session_id, "1+2?")
+    assert len(llm.requests) == 3
     (call,) = t.calls
-    assert call.framework == "google_adk" and "no reply left" in (call.error or "")
+    assert (call.source, call.framework) == ("openai", "google_adk")
+    assert "no reply left" in (call.error or "") and not call.choices
 
 
 # -- without exact tokens: one warning that says what to do ------------------------------------
