@@ -50,7 +50,15 @@ if TYPE_CHECKING:
     from google.adk.tools.base_tool import BaseTool
     from google.adk.tools.tool_context import ToolContext
 
-__all__ = ["FRAMEWORK", "ArttracePlugin", "install", "uninstall"]
+__all__ = [
+    "FRAMEWORK",
+    "ArttracePlugin",
+    "install",
+    "request_messages",
+    "request_tools",
+    "response_message",
+    "uninstall",
+]
 
 FRAMEWORK = "google_adk"
 """The ``framework`` name on the calls this integration records."""
@@ -637,9 +645,10 @@ def _served_model(model: str) -> str:
     prefix, _, rest = model.partition("/")
     if not rest or _LITE_LLM not in sys.modules:
         return model
-    # ADK imports LiteLLM on its adapter's first call, which comes right after this one.
-    from litellm import provider_list
-
+    try:  # ADK imports LiteLLM on its adapter's first call, which comes right after this one
+        from litellm import provider_list
+    except ImportError:
+        return model
     return rest if prefix in provider_list else model
 
 
@@ -714,9 +723,8 @@ def uninstall() -> None:
             _unwrap(lite_llm.LiteLLMClient, "acompletion")
         added = list(_added.items())
         _added.clear()
-    for manager, plugin in added:
-        if plugin in manager.plugins:
-            manager.plugins.remove(plugin)
+    for manager, plugin in added:  # new lists: runs in flight keep iterating the old ones
+        manager.plugins = [p for p in manager.plugins if p is not plugin]
 
 
 def _run_async(
@@ -728,7 +736,9 @@ def _run_async(
             with _install_lock:
                 if not any(isinstance(p, ArttracePlugin) for p in manager.plugins):
                     plugin = ArttracePlugin()
-                    manager.plugins.insert(0, plugin)  # first: no plugin can hide a call from it
+                    # First, so no plugin can hide a call from it; a new list, so a run
+                    # iterating the old one in flight sees no shift.
+                    manager.plugins = [plugin, *manager.plugins]
                     _added[manager] = plugin
     return wrapped(*args, **kwargs)
 
