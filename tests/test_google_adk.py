@@ -240,6 +240,8 @@ def test_sync_runner_run_keeps_the_trajectory_in_adks_thread(
 async def test_fifty_concurrent_agents_each_keep_only_their_own_calls(
     instrumented: None, server: Serve
 ) -> None:
+    """50 agents run at once in 50 trajectories: each has its own two calls, nothing else."""
+
     def respond(request: dict[str, Any]) -> Reply:
         messages = request["messages"]
         n = int(messages[1]["content"].removeprefix("task-"))
@@ -247,10 +249,12 @@ async def test_fifty_concurrent_agents_each_keep_only_their_own_calls(
             return Reply(f"answer-{n}")
         return Reply(tool_calls=[ToolCall("add", {"a": n, "b": 1})])
 
-    runner = InMemoryRunner(agent=calc_agent(server(ScriptedLLM(respond)).base_url), app_name="app")
+    url = server(ScriptedLLM(respond)).base_url
+    shared = InMemoryRunner(agent=calc_agent(url), app_name="app")
 
     @at.trainable
-    async def solve(n: int) -> None:
+    async def solve(n: int) -> None:  # half the agents share a runner, half have their own
+        runner = shared if n % 2 else InMemoryRunner(agent=calc_agent(url), app_name="app")
         await ask(runner, await new_session(runner), f"task-{n}")
 
     async def rollout(n: int) -> at.Trajectory:
