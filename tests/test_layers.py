@@ -110,3 +110,11 @@ def test_outside_a_trajectory_nothing_is_recorded():
     seen = FrameworkCall("someframework", "policy", USER)
     seen.finish([choice_record({"role": "assistant", "content": "3"})])
     assert seen.trajectory is None and not seen.call.trainable
+
+
+def test_a_response_after_the_trajectory_ended_changes_nothing():
+    with at.trajectory("q") as t:
+        seen = FrameworkCall("someframework", "policy", USER)
+    seen.finish([choice_record({"role": "assistant", "content": "late"})])
+    (call,) = t.calls
+    assert call.partial and call.choices == [] and "ended" in (call.error or "")

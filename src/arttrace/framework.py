@@ -72,7 +72,9 @@ class FrameworkCall(OpenCall):
         response_model: str | None = None,
         streamed: bool = False,
     ) -> None:
-        """The framework's response arrived."""
+        """The framework's response arrived (ignored once the call was abandoned)."""
+        if self._done:
+            return
         call = self.call
         call.choices = list(choices)
         call.usage = dict(usage) if usage else None
