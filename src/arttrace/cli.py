@@ -11,25 +11,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arttrace", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
-        "demo", help="capture a plain OpenAI agent against the scripted server and save its runs"
+        "demo",
+        help="train a plain OpenAI agent for a few GRPO steps against the scripted server, "
+        "shipping to a dry-run backend",
     )
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory")
     demo.add_argument("--examples", type=int, default=4, help="questions to ask")
     demo.add_argument("--rollouts", type=int, default=4, help="runs per question (group size)")
+    demo.add_argument("--steps", type=int, default=2, help="GRPO steps")
     demo.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.examples < 1 or args.rollouts < 1:
-        parser.error("--examples and --rollouts must be at least 1")
+    if min(args.examples, args.rollouts, args.steps) < 1:
+        parser.error("--examples, --rollouts and --steps must be at least 1")
 
     from .demo import run_demo
 
-    summary = asyncio.run(run_demo(args.out, args.examples, args.rollouts, args.seed))
+    try:
+        summary = asyncio.run(
+            run_demo(args.out, args.examples, args.rollouts, args.steps, args.seed)
+        )
+    except ValueError as error:
+        parser.error(str(error))
     width = max(map(len, summary))
-    print("arttrace demo: a plain OpenAI agent, captured for ART")
+    print("arttrace demo: a plain OpenAI agent, trained with GRPO steps on a dry-run backend")
     for key, value in summary.items():
         shown = f"{value:.3f}" if isinstance(value, float) else value
         print(f"  {key.replace('_', ' '):<{width}}  {shown}")
-    print(f"  runs: {args.out / 'trajectories'}  ART groups: {args.out / 'art_groups.jsonl'}")
+    print(
+        f"  metrics: {args.out / 'metrics.jsonl'}  plot: {args.out / 'reward_plot.png'}\n"
+        f"  every run: {args.out / 'journal'}  what ART would train on: {args.out / 'dry_run'}"
+    )
     return 0
 
 

@@ -1,16 +1,17 @@
-"""``arttrace demo``: a plain OpenAI-SDK agent run against the scripted server, captured.
+"""``arttrace demo``: a plain OpenAI-SDK agent trained for a few GRPO steps, offline.
 
-A calculator agent answers arithmetic questions with a tool. The scripted model sometimes
-copies the numbers wrong, so rewards differ between runs of the same question, which is what
-GRPO learns from. Every run is captured, converted to ART's form, grouped by question and
-written to disk.
+A calculator agent answers arithmetic questions with a tool, against the scripted
+vLLM-compatible server. The scripted model sometimes copies the numbers wrong, so rewards
+differ between runs of the same question, which is what GRPO learns from. The Trainer runs
+each question several times per step, captures every run, groups the runs by question and
+ships the groups to a :class:`~arttrace.DryRunBackend`, which writes what ART would train on.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -79,43 +80,72 @@ def make_agent(client: openai.AsyncOpenAI) -> Any:
 
 
 async def run_demo(
-    out: Path, examples: int = 4, rollouts: int = 4, seed: int = 0
+    out: Path, examples: int = 4, rollouts: int = 4, steps: int = 2, seed: int = 0
 ) -> dict[str, Any]:
-    """Run the demo; return its summary and write trajectories and ART groups under ``out``."""
+    """Train for ``steps`` GRPO steps on a dry-run backend; return the run's summary.
+
+    Writes under ``out`` the Trainer's outputs (metrics, plot, journal of every run) and, in
+    ``out/dry_run``, the groups ART would train on with their report. A previous demo run in
+    ``out`` is replaced.
+    """
+    _fresh(out)
     at.instrument()
     rng = random.Random(seed)
-    questions = [(f"q-{i}", rng.randint(1, 50), rng.randint(1, 50)) for i in range(examples)]
+    dataset = [
+        {"id": f"q-{i}", "a": rng.randint(1, 50), "b": rng.randint(1, 50)} for i in range(examples)
+    ]
     with serve(scripted_model(seed)) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="demo")
         agent = make_agent(client)
 
-        async def rollout(example_id: str, a: int, b: int) -> at.Trajectory:
-            async with at.trajectory(example_id, metadata={"question": f"{a}+{b}"}) as t:
-                answer = await agent(f"What is {a}+{b}?")
-                t.reward = 1.0 if answer == f"The answer is {a + b}." else 0.0
-            return t
+        async def rollout(example: dict[str, Any]) -> float:
+            answer = await agent(f"What is {example['a']}+{example['b']}?")
+            return 1.0 if answer == f"The answer is {example['a'] + example['b']}." else 0.0
 
-        runs = await asyncio.gather(*(rollout(*q) for q in questions for _ in range(rollouts)))
+        model = art.TrainableModel(
+            name="demo-policy",
+            project="arttrace-demo",
+            base_model="Qwen/Qwen2.5-0.5B-Instruct",
+            run_name="demo",
+            base_path=str(out / ".art"),
+        )
+        trainer = at.Trainer(
+            model,
+            at.DryRunBackend(out / "dry_run"),
+            rollout,
+            dataset,
+            group_size=rollouts,
+            groups_per_step=examples,
+            output_dir=out,
+            seed=seed,
+            progress=False,
+        )
+        results = await trainer.train(num_steps=steps)
         await client.close()
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trajectories").mkdir(exist_ok=True)
-    groups: dict[str, list[at.Trajectory]] = {}
-    for k, t in enumerate(runs):
-        t.save(out / "trajectories" / f"{t.example_id}-{k % rollouts}.json")
-        groups.setdefault(t.example_id, []).append(t)
-    with (out / "art_groups.jsonl").open("w") as f:
-        for runs_of_example in groups.values():
-            group = art.TrajectoryGroup([t.to_art() for t in runs_of_example])
-            f.write(group.model_dump_json() + "\n")
+    runs = [t for r in results for t in trainer.journal.finished(r.step).values()]
     rewards = [t.reward or 0.0 for t in runs]
     return {
-        "examples": len(groups),
+        "steps": len(results),
         "runs": len(runs),
         "llm_calls": sum(len(t.calls) for t in runs),
         "trainable_turns": sum(t.trainable_turns for t in runs),
         "completion_tokens": sum(c.completion_tokens for t in runs for c in t.calls),
         "reward_mean": sum(rewards) / len(rewards),
-        "groups_with_signal": sum(len({t.reward for t in g}) > 1 for g in groups.values()),
+        "groups_shipped": sum(int(r.metrics["groups_kept"]) for r in results),
+        "groups_dropped": sum(int(r.metrics["groups_dropped"]) for r in results),
+        "trainable_tokens_shipped": sum(int(r.metrics["trainable_tokens"]) for r in results),
         "output": str(out),
     }
+
+
+def _fresh(out: Path) -> None:
+    """Make ``out`` empty for the demo: a folder the demo made before is cleared, any other
+    non-empty folder is refused."""
+    marker = out / ".arttrace-demo"
+    if out.exists() and any(out.iterdir()):
+        if not marker.exists():
+            raise ValueError(f"{out} is not empty and holds no earlier demo: choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    marker.touch()
