@@ -102,7 +102,7 @@ async def run_demo(
             answer = await agent(f"What is {example['a']}+{example['b']}?")
             return 1.0 if answer == f"The answer is {example['a'] + example['b']}." else 0.0
 
-        model = art.TrainableModel(
+        model: art.TrainableModel[Any] = art.TrainableModel(
             name="demo-policy",
             project="arttrace-demo",
             base_model="Qwen/Qwen2.5-0.5B-Instruct",
