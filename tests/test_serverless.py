@@ -155,4 +155,5 @@ async def test_trainer_ships_exactly_the_captured_groups_to_serverless_backend(
     assert result.metrics["groups_kept"] == 3 and result.metrics["trainable_tokens"] == sum(
         len(r["choices"][0]["token_ids"]) for r in llm.responses
     )
-    assert len(list((tmp_path / "out" / "journal" / "step-00000").glob("0*.json"))) == 12
+    journal = tmp_path / "out" / "journal" / "step-00000" / "rollouts.jsonl"
+    assert len(journal.read_text().splitlines()) == 12

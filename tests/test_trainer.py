@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import threading
 from collections import Counter
@@ -74,6 +75,12 @@ class Agent:
             model="policy", messages=[{"role": "user", "content": question}]
         )
         return r.choices[0].message.content or ""
+
+
+def journaled(out: Path, step: int) -> list[dict[str, Any]]:
+    """The journal's lines for ``step``: ``{"slot": [position, rollout], "trajectory": {...}}``."""
+    path = out / "journal" / f"step-{step:05d}" / "rollouts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def dataset(n: int) -> list[dict[str, Any]]:
@@ -180,6 +187,7 @@ async def test_curriculum_selects_easy_first_and_expands_over_epochs(tmp_path):
     trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), curriculum=curriculum)
     results = await trainer.train(num_epochs=5)
     assert [r.epoch for r in results] == [0, 1, 2, 3, 4]
+    assert all(r.groups == [] for r in results)  # not kept in memory: they are in the journal
     assert [r.metrics["curriculum_percentile"] for r in results] == pytest.approx(
         [0.33, 0.33, 0.66, 0.66, 0.99]
     )
@@ -246,6 +254,38 @@ async def test_outputs_metrics_plot_and_state(tmp_path):
         make(tmp_path, Agent(), train_dataset=dataset(3))
 
 
+async def test_the_plot_is_redrawn_at_most_every_30_s_and_at_the_end_of_train(tmp_path):
+    trainer = make(tmp_path, Agent(), train_dataset=dataset(3))
+    plot = tmp_path / "out" / "reward_plot.png"
+    await trainer.step()
+    await trainer.flush()
+    first = plot.read_bytes()
+    await trainer.step()
+    await trainer.flush()
+    assert plot.read_bytes() == first  # a second step within 30 s: not redrawn
+    await trainer.train(num_steps=3)
+    assert plot.read_bytes() != first  # train() ends with a drawing of all three steps
+
+
+async def test_journal_lines_read_back_exactly(tmp_path):
+    """A NaN metric (which fast JSON encoders write as null) survives the journal."""
+    agent = Agent()
+
+    async def rollout(example: dict[str, Any]) -> float:
+        at.current_trajectory().metrics["ratio"] = float("nan")
+        at.current_trajectory().metrics["tokens"] = 7
+        return await agent.rollout(example)
+
+    trainer = make(tmp_path, agent, train_dataset=dataset(1))
+    trainer.rollout = rollout
+    await trainer.step()
+    on_disk = Journal(tmp_path / "out").finished(0)
+    assert len(on_disk) == 4
+    for t in on_disk.values():
+        assert math.isnan(t.metrics["ratio"]) and t.metrics["tokens"] == 7
+        assert t.to_art().messages_and_choices[1].logprobs is not None
+
+
 async def test_resume_after_a_crash_mid_step_loses_and_repeats_nothing(tmp_path):
     agent = Agent()
     backend = RecordingBackend()
@@ -256,19 +296,25 @@ async def test_resume_after_a_crash_mid_step_loses_and_repeats_nothing(tmp_path)
     step.cancel()  # the process dies mid-step (Ctrl-C)
     with pytest.raises(asyncio.CancelledError):
         await step
-    journaled = list((tmp_path / "out" / "journal" / "step-00000").glob("*.json"))
-    assert len(journaled) >= 5 and all(
-        json.loads(p.read_text())["reward"] is not None for p in journaled
-    )
+    lines = journaled(tmp_path / "out", 0)
+    assert len(lines) >= 5 and all(line["trajectory"]["reward"] is not None for line in lines)
     assert backend.calls == []
+    # the process died while appending one more: the journal ends in a line cut short
+    path = tmp_path / "out" / "journal" / "step-00000" / "rollouts.jsonl"
+    done = {tuple(line["slot"]) for line in lines}
+    torn = next((p, k) for p in range(3) for k in range(4) if (p, k) not in done)
+    with path.open("a") as f:
+        f.write(json.dumps({"slot": torn, "trajectory": lines[0]["trajectory"]})[:80])
 
     finished_before = sum(agent.finished.values())
     resumed = make(tmp_path, agent, backend, train_dataset=dataset(3), resume=True)
     result = await resumed.step()
-    assert sum(agent.finished.values()) - finished_before == 12 - len(journaled)
+    assert sum(agent.finished.values()) - finished_before == 12 - len(lines)
     ((groups, _),) = backend.calls
     assert sorted(len(g.trajectories) for g in groups) == [4, 4, 4]
     assert result.step == 0 and resumed.completed_steps == 1
+    slots = [tuple(line["slot"]) for line in journaled(tmp_path / "out", 0)]  # all lines whole
+    assert sorted(slots) == [(p, k) for p in range(3) for k in range(4)]
 
 
 async def test_cancelling_a_step_cancels_in_flight_runs_and_resume_finishes_it(tmp_path, server):
@@ -303,13 +349,13 @@ async def test_cancelling_a_step_cancels_in_flight_runs_and_resume_finishes_it(t
 
     out = tmp_path / "out"
     directory = out / "journal" / "step-00001"
-    assert sorted(p.name for p in directory.iterdir() if p.name.startswith(".")) == []
-    journaled = Journal(out).finished(1)
-    assert len(journaled) == 5 and all(
+    assert sorted(p.name for p in directory.iterdir()) == ["rollouts.jsonl"]
+    on_disk = Journal(out).finished(1)
+    assert len(on_disk) == 5 and all(
         t.exception is None and t.reward is not None and t.to_art().messages_and_choices
-        for t in journaled.values()
+        for t in on_disk.values()
     )
-    per_example = Counter(t.example_id for t in journaled.values())
+    per_example = Counter(t.example_id for t in on_disk.values())
     step1 = {trainer.example_id(trainer.train_dataset[i], i, "train") for i in trainer.batch(1)[1]}
     assert per_example == {e: n for e, n in agent.finished.items() if e in step1}
     assert len(backend.calls) == 1 and trainer.completed_steps == 1
@@ -321,7 +367,7 @@ async def test_cancelling_a_step_cancels_in_flight_runs_and_resume_finishes_it(t
     assert ran == {e: 4 - per_example[e] for e in step1 if per_example[e] < 4}
     assert result.step == 1 and len(backend.calls) == 2
     assert sorted(len(g.trajectories) for g in backend.calls[1][0]) == [4, 4, 4]
-    assert len(list(directory.glob("[0-9]*.json"))) == 12 and (directory / "shipped.json").exists()
+    assert len(journaled(out, 1)) == 12 and (directory / "shipped.json").exists()
     await resumed.flush()
 
 
@@ -359,7 +405,7 @@ async def test_too_many_failures_fail_the_step_with_the_journal_kept(tmp_path):
     trainer.rollout = broken
     with pytest.raises(at.TrainingError, match="12 of 12 rollouts raised"):
         await trainer.step()
-    assert len(list((tmp_path / "out" / "journal" / "step-00000").glob("*.json"))) == 12
+    assert len(journaled(tmp_path / "out", 0)) == 12
 
 
 async def test_missing_reward_is_a_clear_rollout_error(tmp_path):
@@ -370,9 +416,7 @@ async def test_missing_reward_is_a_clear_rollout_error(tmp_path):
     trainer.rollout = no_reward
     result = await trainer.step()
     assert result.metrics["exceptions"] == 4
-    saved = json.loads(
-        next((tmp_path / "out" / "journal" / "step-00000").glob("*.json")).read_text()
-    )
+    saved = journaled(tmp_path / "out", 0)[0]["trajectory"]
     assert "returned None and set no reward" in saved["exception"]["message"]
 
 

@@ -9,13 +9,16 @@ interrupted run without re-running or losing a rollout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import gc
 import inspect
 import json
 import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ from .plot import reward_plot
 from .trajectory import Trajectory, check_reward, trajectory
 
 _log = logging.getLogger("arttrace")
+_PLOT_INTERVAL = 30.0
+"""Seconds between two redraws of the reward plot (~0.15 s of CPU each) after steps."""
 Rollout = Callable[[Any], Awaitable[Any]]
 RewardFn = Callable[[Any, Any], float | Awaitable[float]]
 
@@ -46,7 +51,8 @@ class StepResult:
     epoch: int
     metrics: dict[str, float]
     groups: list[art.TrajectoryGroup] = field(repr=False)
-    """The groups shipped to the backend (empty when no group had learning signal)."""
+    """The groups shipped to the backend (empty when no group had learning signal, and in
+    the results of :meth:`Trainer.train`)."""
     train_result: Any = None
 
 
@@ -61,6 +67,10 @@ class Trainer:
     ``min_reward_spread``: groups whose rewards spread (max - min) less than this, or not at
     all, are dropped: they teach nothing. ``max_exceptions``: rollouts that may raise in one
     step, as a count (int) or a fraction of the step's rollouts (float), before the step fails.
+
+    In ``output_dir``: the journal (every finished rollout, see :mod:`arttrace.journal`),
+    ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png``, redrawn after a step at
+    most every 30 s and at the end of :meth:`train`.
     """
 
     def __init__(
@@ -114,6 +124,7 @@ class Trainer:
         self._semaphore = asyncio.Semaphore(max_concurrency)
         self._model_log_failed = False
         self._reporting: asyncio.Future[None] | None = None
+        self._plotted_at, self._plot_stale = -math.inf, False
         state = self.journal.load_state()
         if state and not resume:
             raise ValueError(
@@ -155,7 +166,6 @@ class Trainer:
             self.curriculum.advance(epoch)
         started = time.perf_counter()
         finished = self.journal.finished(step)
-        converted: dict[Slot, art.Trajectory] = {}
         slots = {
             (pos, k): (self.example_id(self.train_dataset[i], i, "train"), self.train_dataset[i])
             for pos, i in enumerate(indices)
@@ -166,11 +176,12 @@ class Trainer:
             split="train",
             step=step,
             done=finished,
-            on_done=lambda slot, t: self._finished(step, slot, t, converted),
+            on_done=lambda slot, t: self.journal.record(step, slot, t),  # before anything ships
         )
         rollout_seconds = time.perf_counter() - started
 
-        groups, failures = self._groups(indices, finished, converted)
+        with _gc_paused():
+            groups, failures = self._groups(indices, finished)
         failed = sum(failures)
         allowed = (
             self.max_exceptions
@@ -254,7 +265,10 @@ class Trainer:
         validate_every: int | None = None,
     ) -> list[StepResult]:
         """Run until ``num_steps`` steps (or ``num_epochs`` epochs) have completed in all,
-        validating at the start, every ``validate_every`` steps and at the end."""
+        validating at the start, every ``validate_every`` steps and at the end.
+
+        Returns each step's :class:`StepResult` without its ``groups`` (a long run would keep
+        every trajectory in memory; they are in the journal)."""
         if (num_steps is None) == (num_epochs is None):
             raise ValueError("give exactly one of num_steps or num_epochs")
         total = num_steps if num_steps is not None else num_epochs * self.steps_per_epoch  # type: ignore[operator]
@@ -269,11 +283,14 @@ class Trainer:
         if self.completed_steps == 0:
             await maybe_validate()
         while self.completed_steps < total:
-            results.append(await self.step())
+            results.append(dataclasses.replace(await self.step(), groups=[]))
             if validate_every and self.completed_steps % validate_every == 0:
                 await maybe_validate()
         await maybe_validate()
         await self.flush()
+        if self._plot_stale:
+            self._plot_stale = False
+            await self._plot()
         return results
 
     # -- internals -------------------------------------------------------------------------
@@ -297,17 +314,19 @@ class Trainer:
             leave=False,
         )
         rewards = [t.reward for t in done.values() if t.reward is not None]
+        total, count = sum(rewards), len(rewards)
 
         async def one(slot: Slot, example_id: str, example: Any) -> None:
+            nonlocal total, count
             async with self._semaphore:
                 t = await self._rollout(example_id, example, split, step, slot[1])
             if on_done is not None:
                 on_done(slot, t)
             done[slot] = t
             if t.reward is not None:
-                rewards.append(t.reward)
-            bar.update()
-            bar.set_postfix(reward=f"{sum(rewards) / max(len(rewards), 1):.3f}", refresh=False)
+                total, count = total + t.reward, count + 1
+            if bar.update():  # it redrew (at most every 0.1 s): show the mean from now on
+                bar.set_postfix(reward=f"{total / max(count, 1):.3f}", refresh=False)
 
         tasks = [asyncio.ensure_future(one(s, *v)) for s, v in slots.items()]
         try:
@@ -341,24 +360,17 @@ class Trainer:
             pass  # kept on t.exception; the group records it
         return t
 
-    def _finished(
-        self, step: int, slot: Slot, t: Trajectory, converted: dict[Slot, art.Trajectory]
-    ) -> None:
-        self.journal.record(step, slot, t)  # on disk before anything ships
-        if t.exception is None and t.reward is not None:
-            converted[slot] = t.to_art()
-
     def _groups(
-        self,
-        indices: list[int],
-        done: dict[Slot, Trajectory],
-        converted: dict[Slot, art.Trajectory],
+        self, indices: list[int], done: dict[Slot, Trajectory]
     ) -> tuple[list[art.TrajectoryGroup], list[int]]:
+        """One group per example. Runs are converted to ART here, once all have finished:
+        an ART trajectory is ~600 small objects, and holding a step's worth of them through
+        the rollouts made every full garbage collection in between walk them all."""
         groups, failures = [], []
         for pos, index in enumerate(indices):
             slots = [(pos, k) for k in range(self.group_size)]
             ok = [
-                converted.get(s) or done[s].to_art()
+                done[s].to_art()
                 for s in slots
                 if done[s].exception is None and done[s].reward is not None
             ]
@@ -404,30 +416,37 @@ class Trainer:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     async def _report(self, metrics: dict[str, float], step: int, split: str) -> None:
-        """Redraw the plot and send the metrics to ``model.log`` (ART's history and, with
-        ``WANDB_API_KEY`` set, W&B) in the background; see :meth:`flush`. The trajectories
-        themselves are in the journal."""
+        """Send the metrics to ``model.log`` (ART's history and, with ``WANDB_API_KEY`` set,
+        W&B) and redraw the reward plot if the last drawing is ``_PLOT_INTERVAL`` old, in the
+        background (see :meth:`flush`). The trajectories themselves are in the journal."""
         await self.flush()
-        records = (self._read("metrics.jsonl"), self._read("validation.jsonl"))
-        self._reporting = asyncio.ensure_future(self._write_report(records, metrics, step, split))
+        now = time.monotonic()
+        plot = now - self._plotted_at >= _PLOT_INTERVAL
+        self._plot_stale = not plot
+        if plot:
+            self._plotted_at = now
+        self._reporting = asyncio.ensure_future(self._write_report(metrics, step, split, plot))
 
     async def flush(self) -> None:
-        """Wait for the last step's plot and ``model.log``; :meth:`train` does it at the end."""
+        """Wait for the last step's ``model.log`` and plot. :meth:`train` also redraws the
+        plot at its end, if a step came after its last drawing."""
         if self._reporting is not None:
             reporting, self._reporting = self._reporting, None
             await reporting
 
-    async def _write_report(
-        self,
-        records: tuple[list[dict[str, Any]], list[dict[str, Any]]],
-        metrics: dict[str, float],
-        step: int,
-        split: str,
-    ) -> None:
+    async def _plot(self) -> None:
+        path = self.output_dir / "reward_plot.png"
+        records = (self._read("metrics.jsonl"), self._read("validation.jsonl"))
         try:
-            await asyncio.to_thread(reward_plot, self.output_dir / "reward_plot.png", *records)
+            await asyncio.to_thread(reward_plot, path, *records)
         except Exception as error:  # a plot must not stop training
-            _log.warning("could not draw %s: %r", self.output_dir / "reward_plot.png", error)
+            _log.warning("could not draw %s: %r", path, error)
+
+    async def _write_report(
+        self, metrics: dict[str, float], step: int, split: str, plot: bool
+    ) -> None:
+        if plot:
+            await self._plot()
         if not self.log_to_model or self._model_log_failed:
             return
         try:
@@ -439,6 +458,19 @@ class Trainer:
                 error,
                 self.output_dir / "metrics.jsonl",
             )
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection inside: building many long-lived objects in one burst otherwise
+    triggers a full collection every time they grow by a quarter, each walking all of them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _spread(group: art.TrajectoryGroup) -> float:
