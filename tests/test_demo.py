@@ -11,6 +11,7 @@ from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.cli import main
+from arttrace.journal import Journal
 
 
 def run(*args: str) -> int:
@@ -26,7 +27,8 @@ def test_demo_trains_on_captured_groups(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "runs                      24" in printed
 
-    runs = [at.Trajectory.load(p) for p in sorted((out / "journal").glob("step-*/*-*.json"))]
+    journal = Journal(out)
+    runs = [t for step in (0, 1) for t in journal.finished(step).values()]
     assert len(runs) == 24
     assert all(t.reward in (0.0, 1.0) and len(t.calls) == 2 for t in runs)
     assert [
