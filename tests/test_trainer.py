@@ -369,6 +369,7 @@ async def test_cancelling_a_step_cancels_in_flight_runs_and_resume_finishes_it(t
     assert sorted(len(g.trajectories) for g in backend.calls[1][0]) == [4, 4, 4]
     assert len(journaled(out, 1)) == 12 and (directory / "shipped.json").exists()
     await resumed.flush()
+    await agent.client.close()
 
 
 async def test_failing_rollouts_are_recorded_and_the_step_goes_on(tmp_path):

@@ -16,6 +16,7 @@ to a temporary name and renamed, so each is whole or absent.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -52,6 +53,7 @@ class Journal:
     def __init__(self, output_dir: Path) -> None:
         self.root = output_dir / "journal"
         self.state_path = output_dir / "state.json"
+        self._file: tuple[int, io.FileIO] | None = None
 
     def _step_dir(self, step: int) -> Path:
         return self.root / f"step-{step:05d}"
@@ -60,18 +62,25 @@ class Journal:
         return self._step_dir(step) / "rollouts.jsonl"
 
     def record(self, step: int, slot: Slot, trajectory: Trajectory) -> None:
-        """Append one finished rollout (``finished(step)`` made the folder)."""
+        """Append one finished rollout (``finished(step)`` made the folder). The step's file
+        stays open for the next one, until :meth:`close`."""
+        if self._file is None or self._file[0] != step:
+            self.close()
+            self._file = step, open(self.rollouts_path(step), "ab", buffering=0)  # noqa: SIM115
+        file = self._file[1]
         line = _json_line({"slot": list(slot), "trajectory": trajectory.to_dict()})
-        fd = os.open(self.rollouts_path(step), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            written = os.write(fd, line)
-            while written < len(line):  # a regular file takes it whole unless the disk is full
-                written += os.write(fd, line[written:])
-        finally:
-            os.close(fd)
+        written = file.write(line)  # unbuffered: one write(2), which returns once it is in
+        while written < len(line):  # a regular file takes it whole unless the disk is full
+            written += file.write(line[written:])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file[1].close()
+            self._file = None
 
     def finished(self, step: int) -> dict[Slot, Trajectory]:
         """The rollouts of ``step`` already on disk (and its folder, made ready for more)."""
+        self.close()
         self._step_dir(step).mkdir(parents=True, exist_ok=True)
         path = self.rollouts_path(step)
         if not path.exists():

@@ -171,13 +171,16 @@ class Trainer:
             for pos, i in enumerate(indices)
             for k in range(self.group_size)
         }
-        await self._run(
-            {s: v for s, v in slots.items() if s not in finished},
-            split="train",
-            step=step,
-            done=finished,
-            on_done=lambda slot, t: self.journal.record(step, slot, t),  # before anything ships
-        )
+        try:
+            await self._run(
+                {s: v for s, v in slots.items() if s not in finished},
+                split="train",
+                step=step,
+                done=finished,
+                on_done=lambda slot, t: self.journal.record(step, slot, t),  # before shipping
+            )
+        finally:
+            self.journal.close()
         rollout_seconds = time.perf_counter() - started
 
         with _gc_paused():
