@@ -14,6 +14,7 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
@@ -38,6 +39,7 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
             label="validation mean",
         )
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
