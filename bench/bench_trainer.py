@@ -16,13 +16,14 @@ Two measurements, in the same rounds:
   step + flush, summed over the rounds.
 - Difference of walls: the same 512 rollouts as a bare `asyncio.gather` of `arttrace.trajectory`
   blocks (same concurrency bound, no conversion) against `Trainer.step()` + `flush()`, arms
-  alternating first, paired per round; the same with process CPU time. On a shared 2-core VM
-  a round's wall varies by +-10% with the same work, so this only cross-checks the direct one.
+  alternating first, paired per round; the same with process CPU time. It also sees what the
+  Trainer costs inside the rollouts (the collector walking objects it holds), which the direct
+  method cannot.
 
 One Trainer runs all rounds' steps, as in a training run (its plot is redrawn at most every
-30 s). The torch objects `import art` brings are frozen out of the garbage collector
-(`gc.freeze()`, `--no-freeze` to keep them in). Peak memory: tracemalloc's peak during one more
-step (Python allocations), and the process's peak RSS.
+30 s), after a step and a bare run to warm up. The torch objects `import art` brings are frozen
+out of the garbage collector (`gc.freeze()`, `--no-freeze` to keep them in). Peak memory:
+tracemalloc's peak during one more step (Python allocations), and the process's peak RSS.
 
     python bench/bench_trainer.py [--rounds N] [--no-freeze]
 """
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import functools
 import gc
+import http.server
 import importlib
 import multiprocessing
 import os
@@ -265,7 +267,12 @@ async def trainer_step(trainer: at.Trainer) -> dict[str, float]:
 
 
 def run_server(port: Any) -> None:
-    """The scripted model in its own process, so its CPU time is not the trainer's."""
+    """The scripted model in its own process, so its CPU time is not the trainer's.
+
+    Its handler writes each response in one send, as uvicorn (vLLM) does: the stock
+    http.server handler sends the headers and the body apart, which made this process's
+    per-request cost vary by +-12% from round to round (and ~35% higher)."""
+    http.server.BaseHTTPRequestHandler.wbufsize = 1 << 16  # flushed once, after each request
     with serve(ScriptedLLM(responder)) as server:
         port.put(server.base_url)
         while True:
@@ -305,11 +312,10 @@ async def main(rounds: int, freeze: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
         rollout = make_rollout(client)
-        await bare(rollout, examples[:8])  # warm up: connections, imports, the first plot
-        warm = make_trainer(rollout, examples[:8], Path(tmp) / "warm")
-        await warm.step()
-        await warm.flush()
         trainer = make_trainer(rollout, examples, Path(tmp) / "train")
+        await bare(rollout, examples)  # warm up: connections, imports, the heap's size
+        await trainer.step()  # and the Trainer's first step, with its first plot
+        await trainer.flush()
         if freeze:
             gc.collect()
             gc.freeze()  # the ~650k objects `import art` brings (torch): see the docstring
