@@ -32,6 +32,9 @@ class RecordingBackend:
     async def register(self, model: Any) -> None:
         pass
 
+    async def _prepare_backend_for_training(self, model: Any, config: Any = None) -> Any:
+        return "http://inference.invalid/v1", "key"
+
     async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
         if self.failures:
             self.failures -= 1
@@ -443,11 +446,14 @@ async def test_reward_fn_scores_outputs(tmp_path):
 async def test_backend_failures_are_retried_then_fail_the_step_and_resume_ships(tmp_path):
     agent = Agent()
     flaky = RecordingBackend(failures=2)
-    result = await make(tmp_path / "a", agent, flaky, train_dataset=dataset(3)).step()
+    trainer = make(tmp_path / "a", agent, flaky, train_dataset=dataset(3))
+    await trainer.model.register(flaky)
+    result = await trainer.step()
     assert len(flaky.calls) == 1 and result.train_result.step == 1
 
     down = RecordingBackend(failures=10)
     trainer = make(tmp_path / "b", agent, down, train_dataset=dataset(3), train_retries=2)
+    await trainer.model.register(down)
     with pytest.raises(at.TrainingError, match=r"failed 3 times.*resume=True"):
         await trainer.step()
     runs = sum(agent.finished.values())
@@ -456,6 +462,25 @@ async def test_backend_failures_are_retried_then_fail_the_step_and_resume_ships(
     await resumed.step()
     assert sum(agent.finished.values()) == runs  # nothing re-run
     assert len(up.calls) == 1 and sum(len(g.trajectories) for g in up.calls[0][0]) == 12
+
+
+async def test_an_unregistered_model_is_a_clear_error_without_retries(tmp_path):
+    backend = RecordingBackend(failures=1)  # as ART's backends refuse an unknown model
+    trainer = make(
+        tmp_path, Agent(), backend, train_dataset=dataset(3), train_retries=5, retry_delay=60
+    )
+    with pytest.raises(at.TrainingError, match=r"await model.register\(backend\)"):
+        await trainer.step()
+    assert backend.failures == 0  # asked once, not retried for minutes
+
+
+def test_one_trainer_serves_several_event_loops(tmp_path):
+    """A notebook or script may call asyncio.run once per step."""
+    backend = RecordingBackend()
+    trainer = make(tmp_path, Agent(), backend, train_dataset=dataset(6), max_concurrency=2)
+    for _ in range(2):
+        asyncio.run(trainer.step())
+    assert trainer.completed_steps == 2 and len(backend.calls) == 2
 
 
 async def test_dry_run_backend_writes_what_art_would_train_on(tmp_path):

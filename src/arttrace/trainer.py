@@ -121,7 +121,7 @@ class Trainer:
         self.log_to_model, self.progress = log_to_model, progress
         self.output_dir = Path(output_dir)
         self.journal = Journal(self.output_dir)
-        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self.max_concurrency = max_concurrency
         self._model_log_failed = False
         self._reporting: asyncio.Future[None] | None = None
         self._plotted_at, self._plot_stale = -math.inf, False
@@ -319,9 +319,11 @@ class Trainer:
         rewards = [t.reward for t in done.values() if t.reward is not None]
         total, count = sum(rewards), len(rewards)
 
+        semaphore = asyncio.Semaphore(self.max_concurrency)  # bound to this event loop
+
         async def one(slot: Slot, example_id: str, example: Any) -> None:
             nonlocal total, count
-            async with self._semaphore:
+            async with semaphore:
                 t = await self._rollout(example_id, example, split, step, slot[1])
             if on_done is not None:
                 on_done(slot, t)
@@ -396,6 +398,12 @@ class Trainer:
                     self.model, groups, learning_rate=self.learning_rate, **self.train_kwargs
                 )
             except Exception as error:
+                if getattr(self.model, "_backend", None) is None:
+                    raise TrainingError(
+                        f"step {step}: the backend refused to train ({error!r}) and the model "
+                        "was never registered: call `await model.register(backend)` before "
+                        "training, then run again with resume=True (the rollouts are kept)"
+                    ) from error
                 if attempt == self.train_retries:
                     raise TrainingError(
                         f"step {step}: the backend failed {attempt + 1} times ({error!r}); "
@@ -435,7 +443,10 @@ class Trainer:
         plot at its end, if a step came after its last drawing."""
         if self._reporting is not None:
             reporting, self._reporting = self._reporting, None
-            await reporting
+            if reporting.get_loop() is asyncio.get_running_loop():
+                await reporting
+            else:  # the event loop it ran on has closed (asyncio.run per step) and cancelled it
+                self._plot_stale = True
 
     async def _plot(self) -> None:
         path = self.output_dir / "reward_plot.png"
