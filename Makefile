@@ -31,6 +31,7 @@ test: setup-test lint
 
 bench: setup-test
 	$(BIN)/python bench/bench_capture.py
+	$(BIN)/python bench/bench_trainer.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
