@@ -8,6 +8,10 @@ from collections.abc import Callable, Iterator
 
 import openai
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import arttrace as at
 from arttrace import _warnings
@@ -35,6 +39,20 @@ def instrumented() -> Iterator[None]:
     yield
     at.uninstrument()
     _warnings.reset()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """A user's OpenTelemetry provider (one per process), exporting this test's spans."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    yield exporter
+    processor.shutdown()
 
 
 @pytest.fixture

@@ -23,9 +23,6 @@ from google.adk.sessions import InMemorySessionService
 from google.adk.tools.agent_tool import AgentTool
 from google.genai import types
 from openai.types.chat.chat_completion import Choice
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import Field
 
@@ -576,14 +573,9 @@ async def test_instrument_adds_one_plugin_and_uninstrument_removes_every_hook(
 
 
 async def test_agent_and_tool_steps_are_spans_around_the_model_calls(
-    instrumented: None, server: Serve
+    instrumented: None, server: Serve, spans: InMemorySpanExporter
 ) -> None:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter = spans
     llm = ScriptedLLM([Reply(tool_calls=[ToolCall("add", {"a": 1, "b": 2})]), Reply("3.")])
     runner = InMemoryRunner(agent=calc_agent(server(llm).base_url), app_name="app")
     async with at.trajectory("spans") as t:

@@ -26,10 +26,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, create_react_agent
 from langgraph.types import interrupt
 from openai.types.chat.chat_completion import Choice
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
@@ -512,18 +509,8 @@ def test_failed_call_is_kept_once_with_its_error(instrumented, llm_server):
 # -- spans --------------------------------------------------------------------------------
 
 
-def _exporter() -> InMemorySpanExporter:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
-def test_spans_have_the_graph_shape(instrumented, llm_server):
-    exporter = _exporter()
+def test_spans_have_the_graph_shape(instrumented, llm_server, spans):
+    exporter = spans
     s = llm_server()
     agent = react_agent(s)
 
@@ -561,8 +548,10 @@ def test_spans_have_the_graph_shape(instrumented, llm_server):
     assert named["invoke_agent agent"].attributes["arttrace.langgraph.node"] == "agent"
 
 
-def test_a_failing_tool_fails_its_span_and_an_interrupt_fails_nothing(instrumented, llm_server):
-    exporter = _exporter()
+def test_a_failing_tool_fails_its_span_and_an_interrupt_fails_nothing(
+    instrumented, llm_server, spans
+):
+    exporter = spans
 
     @tool
     def broken(a: float, b: float) -> float:

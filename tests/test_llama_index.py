@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -22,10 +22,7 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.workflow import Event, StartEvent, StopEvent, Workflow, step
 from llama_index.llms.openai import OpenAI
 from openai.types.chat.chat_completion import Choice
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 
 import arttrace as at
 from arttrace import _warnings
@@ -72,20 +69,6 @@ def our_handlers() -> tuple[list[Any], list[Any]]:
 def assert_nothing_left_open() -> None:
     (handler,), _ = our_handlers()
     assert handler._state.pending == {} and handler._state.nodes == {}
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """The user's OpenTelemetry provider (one per process), seeing this test's spans."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    yield exporter
-    processor.shutdown()
 
 
 # -- agents ---------------------------------------------------------------------------------

@@ -6,28 +6,11 @@ import subprocess
 import sys
 import textwrap
 
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM
 
 
-def _user_provider() -> InMemorySpanExporter:
-    """The user's provider, set once for this test process (OTel allows one global)."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
-def test_user_provider_receives_genai_spans(clients):
-    exporter = _user_provider()
+def test_user_provider_receives_genai_spans(clients, spans):
     client, _ = clients(ScriptedLLM([Reply("traced"), Reply("again")]))
     at.instrument()
     try:
@@ -50,8 +33,8 @@ def test_user_provider_receives_genai_spans(clients):
             solve()
     finally:
         at.uninstrument()
-    spans = {s.name: s for s in exporter.get_finished_spans()}
-    chat = [s for s in exporter.get_finished_spans() if s.name == "chat policy"]
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    chat = [s for s in spans.get_finished_spans() if s.name == "chat policy"]
     assert len(chat) == 2
     attrs = chat[0].attributes
     assert attrs["gen_ai.operation.name"] == "chat"
@@ -62,13 +45,12 @@ def test_user_provider_receives_genai_spans(clients):
     assert attrs["arttrace.trainable"] is True and attrs["arttrace.example_id"] == "ex-9"
     assert chat[1].attributes["gen_ai.usage.output_tokens"] > 0  # streamed, usage chunk
     assert not any(k.endswith(("token_ids", "logprobs")) for s in chat for k in s.attributes)
-    trainable_span, trajectory_span = spans["trainable solver"], spans["trajectory ex-9"]
+    trainable_span, trajectory_span = by_name["trainable solver"], by_name["trajectory ex-9"]
     assert all(s.parent.span_id == trainable_span.context.span_id for s in chat)
     assert trainable_span.parent.span_id == trajectory_span.context.span_id
 
 
-def test_export_tokens_puts_them_on_spans(clients):
-    exporter = _user_provider()
+def test_export_tokens_puts_them_on_spans(clients, spans):
     client, _ = clients(ScriptedLLM([Reply("tokens")]))
     at.instrument(export_tokens=True)
     try:
@@ -78,7 +60,7 @@ def test_export_tokens_puts_them_on_spans(clients):
             )
     finally:
         at.uninstrument()
-    (span,) = [s for s in exporter.get_finished_spans() if s.name == "chat policy"]
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "chat policy"]
     choice = t.calls[0].choices[0]
     assert list(span.attributes["arttrace.choice.0.token_ids"]) == choice.token_ids.tolist()
     assert list(span.attributes["arttrace.choice.0.logprobs"]) == choice.logprobs.tolist()
