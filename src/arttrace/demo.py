@@ -109,9 +109,11 @@ async def run_demo(
             run_name="demo",
             base_path=str(out / ".art"),
         )
+        backend = at.DryRunBackend(out / "dry_run")
+        await model.register(backend)
         trainer = at.Trainer(
             model,
-            at.DryRunBackend(out / "dry_run"),
+            backend,
             rollout,
             dataset,
             group_size=rollouts,

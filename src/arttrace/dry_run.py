@@ -7,7 +7,8 @@ tokens per group, which groups carry learning signal, the training arguments rec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,19 @@ class DryRunBackend:
 
     async def close(self) -> None:
         return None
+
+    @contextlib.asynccontextmanager
+    async def exact_adapter_lease(self, model: Any, step: int) -> AsyncIterator[None]:
+        yield  # there are no adapters to hold
+
+    async def _train_sft(
+        self, model: Any, trajectories: Any, config: Any, dev_config: Any, verbose: bool = False
+    ) -> AsyncIterator[dict[str, float]]:
+        raise NotImplementedError(
+            "DryRunBackend checks reinforcement-learning steps (train) only; "
+            "use a real ART backend for supervised fine-tuning"
+        )
+        yield {}  # an async generator, as ART's Backend protocol has it
 
     async def train(
         self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
