@@ -6,6 +6,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from opentelemetry import trace
+
 if TYPE_CHECKING:
     from .trajectory import Trajectory
 
@@ -36,3 +38,11 @@ def policy_scope(model: str) -> TrainableScope | None:
         if scope.accepts(model):
             return scope
     return None
+
+
+def recording() -> bool:
+    """Whether anything would keep a record made here: a trajectory, or a tracer provider the
+    user configured (without either, capture is skipped)."""
+    return current_trajectory_var.get() is not None or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )

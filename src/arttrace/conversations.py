@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import ChoiceRecord, LLMCall
+from .records import ChoiceRecord, LLMCall, field_of
 
 
 @dataclass(slots=True)
@@ -99,16 +99,12 @@ def message_key(message: dict[str, Any]) -> Hashable:
     """
     calls = tuple(
         (
-            _field(_field(tc, "function"), "name"),
-            _arguments(_field(_field(tc, "function"), "arguments")),
+            field_of(field_of(tc, "function"), "name"),
+            _arguments(field_of(field_of(tc, "function"), "arguments")),
         )
         for tc in message.get("tool_calls") or ()
     )
     return (message.get("role"), _text(message.get("content")), calls)
-
-
-def _field(obj: Any, name: str) -> Any:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 def _text(content: Any) -> str:

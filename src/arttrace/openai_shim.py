@@ -13,7 +13,6 @@ import wrapt
 from openai._legacy_response import LegacyAPIResponse
 from openai.resources.chat.completions import AsyncCompletions, Completions
 from openai.types.chat import ChatCompletion
-from opentelemetry import trace
 
 from . import _context
 from .capture import Capture, Settings
@@ -128,9 +127,7 @@ def _start(
     current = settings()
     if current is None or _context.capturing.get():
         return None
-    if _context.current_trajectory_var.get() is None and isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    ):
+    if not _context.recording():
         return None  # nothing would keep the record, nothing would export the span
     try:
         return Capture(kwargs, current, getattr(instance, "_client", None))

@@ -6,6 +6,7 @@ import itertools
 import json
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +150,11 @@ class LLMCall:
             choices=[ChoiceRecord.from_dict(c) for c in data.get("choices", [])],
             prompt_token_ids=None if prompt is None else array("q", prompt),
         )
+
+
+def field_of(obj: Any, name: str) -> Any:
+    """A field of an SDK/framework object, or of the plain dict standing in for one."""
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
 def jsonable(value: Any) -> Any:

@@ -36,7 +36,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from ..framework import FrameworkCall, choice_record, step_span
 from ..openai_shim import is_instrumented
-from ..records import ChoiceRecord
+from ..records import ChoiceRecord, field_of
 
 if TYPE_CHECKING:
     from google.adk.agents.base_agent import BaseAgent
@@ -185,7 +185,7 @@ class ArttracePlugin(BasePlugin):
         stale = self._pop_call(key)
         if stale is not None:  # the previous call under this event never got a response
             stale.open.discard()
-        model = _served_model(str(_get(llm_request, "model") or ""))
+        model = _served_model(str(field_of(llm_request, "model") or ""))
         open_call = FrameworkCall(
             FRAMEWORK,
             model,
@@ -207,7 +207,7 @@ class ArttracePlugin(BasePlugin):
         self, *, callback_context: CallbackContext, llm_response: LlmResponse
     ) -> LlmResponse | None:
         key = callback_context.actions
-        if _get(llm_response, "partial"):
+        if field_of(llm_response, "partial"):
             state = self._find_call(key)
             if state is not None:
                 state.streamed = True
@@ -239,8 +239,8 @@ class ArttracePlugin(BasePlugin):
         # A model call's response reaches after_model_callback before ADK turns it into an
         # event. A final event of a call still open means a callback answered in the model's
         # place: the model was never called.
-        if not _get(event, "partial"):
-            state = self._pop_call(_get(event, "actions"))
+        if not field_of(event, "partial"):
+            state = self._pop_call(field_of(event, "actions"))
             if state is not None:
                 state.done = True
                 state.open.discard()
@@ -252,13 +252,13 @@ class ArttracePlugin(BasePlugin):
     async def before_agent_callback(
         self, *, agent: BaseAgent, callback_context: CallbackContext
     ) -> types.Content | None:
-        name = str(_get(agent, "name") or type(agent).__name__)
+        name = str(field_of(agent, "name") or type(agent).__name__)
         invocation_id = callback_context.invocation_id
         span = step_span(
             "invoke_agent",
             name,
             FRAMEWORK,
-            attributes={"gen_ai.agent.description": _get(agent, "description") or None},
+            attributes={"gen_ai.agent.description": field_of(agent, "description") or None},
         )
         with self._lock:
             stack = self._agents.setdefault((invocation_id, name), [])
@@ -285,12 +285,12 @@ class ArttracePlugin(BasePlugin):
         invocation_id = tool_context.invocation_id
         span = step_span(
             "execute_tool",
-            str(_get(tool, "name") or type(tool).__name__),
+            str(field_of(tool, "name") or type(tool).__name__),
             FRAMEWORK,
             parent=self._agent_span(invocation_id, tool_context.agent_name),
             attributes={
-                "gen_ai.tool.call.id": _get(tool_context, "function_call_id") or None,
-                "gen_ai.tool.description": _get(tool, "description") or None,
+                "gen_ai.tool.call.id": field_of(tool_context, "function_call_id") or None,
+                "gen_ai.tool.description": field_of(tool, "description") or None,
             },
         )
         with self._lock:
@@ -349,9 +349,9 @@ class ArttracePlugin(BasePlugin):
         choice = _choice(message, _finish_reason(response, message), logprobs)
         state.open.finish(
             [choice],
-            usage=_usage(_get(response, "usage_metadata")),
+            usage=_usage(field_of(response, "usage_metadata")),
             response_id=state.response_id,
-            response_model=_get(response, "model_version"),
+            response_model=field_of(response, "model_version"),
             streamed=state.streamed,
         )
 
@@ -382,7 +382,7 @@ class ArttracePlugin(BasePlugin):
             return stack[-1].span if stack else None
 
     def _end_agent(self, invocation_id: str, agent: object, error: BaseException | None) -> None:
-        name = str(_get(agent, "name") or type(agent).__name__)
+        name = str(field_of(agent, "name") or type(agent).__name__)
         with self._lock:
             stack = self._agents.get((invocation_id, name))
             step = stack.pop() if stack else None
@@ -422,10 +422,10 @@ def request_messages(llm_request: Any) -> list[dict[str, Any]]:
     messages with ``tool_calls``, function responses as ``tool`` messages with their
     ``tool_call_id``, other user parts as a user message)."""
     messages: list[dict[str, Any]] = []
-    system = _system_text(_get(_get(llm_request, "config"), "system_instruction"))
+    system = _system_text(field_of(field_of(llm_request, "config"), "system_instruction"))
     if system:
         messages.append({"role": "system", "content": system})
-    for content in _get(llm_request, "contents") or ():
+    for content in field_of(llm_request, "contents") or ():
         messages.extend(_content_messages(content))
     return messages
 
@@ -433,35 +433,37 @@ def request_messages(llm_request: Any) -> list[dict[str, Any]]:
 def request_tools(llm_request: Any) -> list[dict[str, Any]] | None:
     """The function declarations of an ADK ``LlmRequest`` as OpenAI ``tools``."""
     tools: list[dict[str, Any]] = []
-    for tool in _get(_get(llm_request, "config"), "tools") or ():
-        for declaration in _get(tool, "function_declarations") or ():
+    for tool in field_of(field_of(llm_request, "config"), "tools") or ():
+        for declaration in field_of(tool, "function_declarations") or ():
             tools.append(_tool_param(declaration))
     return tools or None
 
 
 def response_message(llm_response: Any) -> dict[str, Any]:
     """An ADK ``LlmResponse`` as the OpenAI assistant message the server returned."""
-    content = _get(llm_response, "content")
-    message = _assistant_message(_get(content, "parts") or ()) if content is not None else None
+    content = field_of(llm_response, "content")
+    message = _assistant_message(field_of(content, "parts") or ()) if content is not None else None
     if message is None:
         return {"role": "assistant", "content": ""}
     return message
 
 
 def _content_messages(content: Any) -> list[dict[str, Any]]:
-    parts = list(_get(content, "parts") or ())
+    parts = list(field_of(content, "parts") or ())
     if not parts:
         return []
-    role = _get(content, "role")
+    role = field_of(content, "role")
     if role in ("model", "assistant"):
         message = _assistant_message(parts)
         return [message] if message is not None else []
     tool_messages = [
-        _tool_message(_get(p, "function_response"))
+        _tool_message(field_of(p, "function_response"))
         for p in parts
-        if _get(p, "function_response") is not None
+        if field_of(p, "function_response") is not None
     ]
-    others = [p for p in parts if _get(p, "function_response") is None and not _get(p, "thought")]
+    others = [
+        p for p in parts if field_of(p, "function_response") is None and not field_of(p, "thought")
+    ]
     user = _user_content(others)
     return tool_messages + ([{"role": "user", "content": user}] if user is not None else [])
 
@@ -471,21 +473,21 @@ def _assistant_message(parts: Sequence[Any]) -> dict[str, Any] | None:
     thoughts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     for part in parts:
-        call = _get(part, "function_call")
-        text = _get(part, "text")
+        call = field_of(part, "function_call")
+        text = field_of(part, "text")
         if call is not None:
             tool_calls.append(
                 {
-                    "id": _get(call, "id") or "",
+                    "id": field_of(call, "id") or "",
                     "type": "function",
                     "function": {
-                        "name": _get(call, "name") or "",
-                        "arguments": _json(_get(call, "args") or {}),
+                        "name": field_of(call, "name") or "",
+                        "arguments": _json(field_of(call, "args") or {}),
                     },
                 }
             )
         elif text:
-            (thoughts if _get(part, "thought") else texts).append(str(text))
+            (thoughts if field_of(part, "thought") else texts).append(str(text))
     if not (texts or thoughts or tool_calls):
         return None
     message: dict[str, Any] = {"role": "assistant"}
@@ -499,29 +501,29 @@ def _assistant_message(parts: Sequence[Any]) -> dict[str, Any] | None:
 
 
 def _tool_message(response: Any) -> dict[str, Any]:
-    value = _get(response, "response")
+    value = field_of(response, "response")
     return {
         "role": "tool",
-        "tool_call_id": _get(response, "id") or "",
+        "tool_call_id": field_of(response, "id") or "",
         "content": value if isinstance(value, str) else _json(value),
     }
 
 
 def _user_content(parts: Sequence[Any]) -> str | list[dict[str, Any]] | None:
-    if len(parts) == 1 and _get(parts[0], "text"):
-        return str(_get(parts[0], "text"))
+    if len(parts) == 1 and field_of(parts[0], "text"):
+        return str(field_of(parts[0], "text"))
     content = [c for c in (_content_part(p) for p in parts) if c is not None]
     return content or None
 
 
 def _content_part(part: Any) -> dict[str, Any] | None:
-    text = _get(part, "text")
+    text = field_of(part, "text")
     if text:
         return {"type": "text", "text": str(text)}
-    blob = _get(part, "inline_data")
-    if blob is not None and _get(blob, "data"):
-        mime = str(_get(blob, "mime_type") or "application/octet-stream")
-        data = _get(blob, "data")
+    blob = field_of(part, "inline_data")
+    if blob is not None and field_of(blob, "data"):
+        mime = str(field_of(blob, "mime_type") or "application/octet-stream")
+        data = field_of(blob, "data")
         raw = data if isinstance(data, bytes) else str(data).encode()
         if mime.startswith("text/"):
             return {"type": "text", "text": raw.decode("utf-8", "replace")}
@@ -534,9 +536,9 @@ def _content_part(part: Any) -> dict[str, Any] | None:
         if mime.startswith("image/"):
             return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{encoded}"}}
         return {"type": "file", "file": {"file_data": f"data:{mime};base64,{encoded}"}}
-    file = _get(part, "file_data")
-    if file is not None and _get(file, "file_uri"):
-        uri, mime = str(_get(file, "file_uri")), str(_get(file, "mime_type") or "")
+    file = field_of(part, "file_data")
+    if file is not None and field_of(file, "file_uri"):
+        uri, mime = str(field_of(file, "file_uri")), str(field_of(file, "mime_type") or "")
         if mime.startswith("image/") or not mime:
             return {"type": "image_url", "image_url": {"url": uri}}
         return {"type": "file", "file": {"file_id": uri}}
@@ -548,18 +550,18 @@ def _system_text(instruction: Any) -> str | None:
         return None
     if isinstance(instruction, str):
         return instruction
-    parts = _get(instruction, "parts")
+    parts = field_of(instruction, "parts")
     if parts is None:
         parts = instruction if isinstance(instruction, list) else [instruction]
-    texts = [p if isinstance(p, str) else _get(p, "text") for p in parts]
+    texts = [p if isinstance(p, str) else field_of(p, "text") for p in parts]
     return "\n".join(str(t) for t in texts if t) or None
 
 
 def _tool_param(declaration: Any) -> dict[str, Any]:
-    schema = _get(declaration, "parameters_json_schema")
+    schema = field_of(declaration, "parameters_json_schema")
     if schema is not None:
         parameters = json.loads(_json(schema))
-    elif (declared := _get(declaration, "parameters")) is not None:
+    elif (declared := field_of(declaration, "parameters")) is not None:
         parameters = (
             declared.json_schema.model_dump(mode="json", exclude_none=True)
             if isinstance(declared, types.Schema)
@@ -572,16 +574,16 @@ def _tool_param(declaration: Any) -> dict[str, Any]:
     return {
         "type": "function",
         "function": {
-            "name": _get(declaration, "name") or "",
-            "description": _get(declaration, "description") or "",
+            "name": field_of(declaration, "name") or "",
+            "description": field_of(declaration, "description") or "",
             "parameters": parameters,
         },
     }
 
 
 def _request_params(llm_request: Any) -> dict[str, Any]:
-    config = _get(llm_request, "config")
-    params = {name: _get(config, key) for key, name in _PARAMS.items()}
+    config = field_of(llm_request, "config")
+    params = {name: field_of(config, key) for key, name in _PARAMS.items()}
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -598,21 +600,21 @@ def _choice(
 def _logprobs(response: Any) -> list[dict[str, Any]]:
     """Gemini's per-token logprobs (``response_logprobs=True``), in OpenAI form; LiteLLM's
     responses carry none."""
-    result = _get(response, "logprobs_result")
-    chosen = list(_get(result, "chosen_candidates") or ())
-    top = list(_get(result, "top_candidates") or ())
+    result = field_of(response, "logprobs_result")
+    chosen = list(field_of(result, "chosen_candidates") or ())
+    top = list(field_of(result, "top_candidates") or ())
     entries = []
     for i, candidate in enumerate(chosen):
-        alternatives = _get(top[i], "candidates") or () if i < len(top) else ()
+        alternatives = field_of(top[i], "candidates") or () if i < len(top) else ()
         entries.append(
             {
-                "token": _get(candidate, "token") or "",
-                "logprob": float(_get(candidate, "log_probability") or 0.0),
-                "token_id": _get(candidate, "token_id"),
+                "token": field_of(candidate, "token") or "",
+                "logprob": float(field_of(candidate, "log_probability") or 0.0),
+                "token_id": field_of(candidate, "token_id"),
                 "top_logprobs": [
                     {
-                        "token": _get(a, "token") or "",
-                        "logprob": float(_get(a, "log_probability") or 0.0),
+                        "token": field_of(a, "token") or "",
+                        "logprob": float(field_of(a, "log_probability") or 0.0),
                     }
                     for a in alternatives
                 ],
@@ -622,7 +624,7 @@ def _logprobs(response: Any) -> list[dict[str, Any]]:
 
 
 def _finish_reason(response: Any, message: Mapping[str, Any]) -> str:
-    reason = _get(response, "finish_reason")
+    reason = field_of(response, "finish_reason")
     name = str(getattr(reason, "name", reason or ""))
     if name in _FINISH_REASONS:
         return _FINISH_REASONS[name]
@@ -633,9 +635,9 @@ def _usage(usage: Any) -> dict[str, int] | None:
     if usage is None:
         return None
     counts = {
-        "prompt_tokens": _get(usage, "prompt_token_count"),
-        "completion_tokens": _get(usage, "candidates_token_count"),
-        "total_tokens": _get(usage, "total_token_count"),
+        "prompt_tokens": field_of(usage, "prompt_token_count"),
+        "completion_tokens": field_of(usage, "candidates_token_count"),
+        "total_tokens": field_of(usage, "total_token_count"),
     }
     return {k: int(v) for k, v in counts.items() if v is not None} or None
 
@@ -658,15 +660,6 @@ def _end(span: Span, error: BaseException | None) -> None:
         span.set_attribute("error.type", type(error).__qualname__)
         span.set_status(Status(StatusCode.ERROR, str(error)))
     span.end()
-
-
-def _get(obj: Any, name: str) -> Any:
-    """A field of an ADK/genai object or of the plain dict standing in for one."""
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
 
 
 def _json(value: Any) -> str:

@@ -28,7 +28,6 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 from langchain_core.tracers.context import register_configure_hook
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
 from .. import _context
@@ -92,7 +91,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not self.active or not _recording() or not messages:
+        if not self.active or not _context.recording() or not messages:
             return
         run = _Run(self)
         if not _claim(run_id, run):
@@ -165,7 +164,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not self.active or not _recording():
+        if not self.active or not _context.recording():
             return
         name = kwargs.get("name") or _serialized_name(serialized) or "chain"
         parent = _children_span(parent_run_id)
@@ -220,7 +219,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         inputs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if not self.active or not _recording():
+        if not self.active or not _context.recording():
             return
         run = _Run(self)
         if not _claim(run_id, run):
@@ -291,13 +290,6 @@ def _children_span(parent_run_id: UUID | None) -> Span | None:
     with _runs_lock:
         parent = _runs.get(parent_run_id)
     return parent.parent if parent is not None else None
-
-
-def _recording() -> bool:
-    """Whether anything would keep what the handler records (a trajectory, or a tracer)."""
-    return _context.current_trajectory_var.get() is not None or not isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    )
 
 
 def _end_with_error(span: Span, error: BaseException) -> None:

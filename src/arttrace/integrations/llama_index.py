@@ -55,6 +55,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import PrivateAttr
 
 from ..framework import FrameworkCall, choice_record, step_span
+from ..records import field_of
 
 __all__ = [
     "FIX",
@@ -132,37 +133,37 @@ class _Pending:
         if raw is None:
             return
         if self.response_id is None:
-            rid, model = _get(raw, "id"), _get(raw, "model")
+            rid, model = field_of(raw, "id"), field_of(raw, "model")
             self.response_id = rid if isinstance(rid, str) else None
             self.response_model = model if isinstance(model, str) else None
-        prompt = _get(raw, "prompt_token_ids")
+        prompt = field_of(raw, "prompt_token_ids")
         if self.prompt_token_ids is None and isinstance(prompt, list):
             self.prompt_token_ids = prompt
-        usage = _get(raw, "usage")
+        usage = field_of(raw, "usage")
         if usage is not None:
             self.usage = _plain(usage)
-        for choice in _get(raw, "choices") or ():
-            if _get(choice, "index") not in (0, None):
+        for choice in field_of(raw, "choices") or ():
+            if field_of(choice, "index") not in (0, None):
                 continue  # LlamaIndex keeps the first choice only
-            reason = _get(choice, "finish_reason")
+            reason = field_of(choice, "finish_reason")
             if reason is not None:
                 self.finish_reason = str(reason)
-            content = _get(_get(choice, "logprobs"), "content")
+            content = field_of(field_of(choice, "logprobs"), "content")
             if isinstance(content, list):
                 if self.logprobs is None:
                     self.logprobs = []
                 self.logprobs.extend(
                     {
-                        "token": _get(t, "token"),
-                        "logprob": _get(t, "logprob"),
+                        "token": field_of(t, "token"),
+                        "logprob": field_of(t, "logprob"),
                         "top_logprobs": [
-                            {"token": _get(a, "token"), "logprob": _get(a, "logprob")}
-                            for a in _get(t, "top_logprobs") or ()
+                            {"token": field_of(a, "token"), "logprob": field_of(a, "logprob")}
+                            for a in field_of(t, "top_logprobs") or ()
                         ],
                     }
                     for t in content
                 )
-            ids = _get(choice, "token_ids")
+            ids = field_of(choice, "token_ids")
             if isinstance(ids, list):
                 self.token_ids = [*(self.token_ids or ()), *ids]
 
@@ -560,9 +561,11 @@ def openai_message(message: ChatMessage, *, role: str | None = None) -> dict[str
     kwargs = message.additional_kwargs
     if not tool_calls:
         for tc in kwargs.get("tool_calls") or ():
-            function = _get(tc, "function")
+            function = field_of(tc, "function")
             tool_calls.append(
-                _tool_call(_get(tc, "id"), _get(function, "name"), _get(function, "arguments"))
+                _tool_call(
+                    field_of(tc, "id"), field_of(function, "name"), field_of(function, "arguments")
+                )
             )
     content: str | list[dict[str, Any]] | None
     if all(p["type"] == "text" for p in parts):
@@ -663,14 +666,6 @@ def _is_agent(instance: Any) -> bool:
         if cls is not None and isinstance(instance, cls):
             return True
     return False
-
-
-def _get(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    return getattr(obj, name, None)
 
 
 def _plain(value: Any) -> dict[str, Any] | None:
