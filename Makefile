@@ -1,23 +1,35 @@
-# One command sets up and runs the main job (`make demo`); one sets up and runs the tests (`make test`).
+# One command sets up and runs the main job (`make demo`); one sets up and runs the tests
+# (`make test`). Either order, in one clone: both install from uv.lock into .venv, the demo's
+# set being a subset of the tests' (the lock resolves every extra and group together).
 # Needs Python 3.12: found on PATH, or through pyenv (PYENV_VERSION=3.12 pyenv which python3.12).
 PYTHON ?= $(shell PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null || command -v python3.12 2>/dev/null)
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
+export UV_PYTHON := $(PYTHON)
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+TEST_SET := --all-extras --group test --group docs
 
-.PHONY: setup setup-test demo test lint bench clean
+.PHONY: setup setup-test demo test lint docs bench lock test-latest clean
 
-$(BIN)/python:
+# uv itself, pinned, in its own small venv (so syncing .venv never removes it).
+$(UV):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null || { \
 	  echo "Python 3.12 not found: install it (pyenv install 3.12) or run make PYTHON=/path/to/python3.12"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
 
-setup: $(BIN)/python
-	$(BIN)/pip install -q -e .
+# The package and its core dependencies, as locked; keeps what `make test` added.
+setup: $(UV)
+	$(UV) sync --locked --inexact
 
-setup-test: $(BIN)/python
-	$(BIN)/pip install -q -e ".[all,test]"
-	$(BIN)/pip check
+# Everything the tests, lint and docs need, as locked; `pip check` must be clean.
+setup-test: $(UV)
+	$(UV) sync --locked $(TEST_SET)
+	$(UV) pip check --python $(BIN)/python
 
 demo: setup
 	$(BIN)/arttrace demo
@@ -26,12 +38,32 @@ lint: setup-test
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 
+docs: setup-test
+	$(BIN)/mkdocs build --strict --site-dir site
+
 test: setup-test lint
 	$(BIN)/pytest -q
 
 bench: setup-test
+	$(BIN)/python bench/bench_import.py
 	$(BIN)/python bench/bench_capture.py
 	$(BIN)/python bench/bench_trainer.py
 
+# After changing dependencies in pyproject.toml.
+lock: $(UV)
+	$(UV) lock
+
+# Not part of `make test`: the newest releases the version ranges allow, in their own venv,
+# to see what a new release breaks before the lock moves.
+test-latest: $(UV)
+	rm -rf .venv-latest
+	$(UV) venv -q .venv-latest
+	$(UV) pip install -q --python .venv-latest/bin/python --upgrade -e ".[all]" --group test --group docs
+	$(UV) pip check --python .venv-latest/bin/python || true
+	@echo "versions that differ from uv.lock:"
+	@$(UV) pip freeze --python .venv-latest/bin/python --exclude-editable | \
+	  $(PYTHON) .ci/lock_diff.py uv.lock
+	.venv-latest/bin/pytest -q -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-latest $(TOOLS) runs site .pytest_cache .mypy_cache .ruff_cache

@@ -54,11 +54,11 @@ import art
 import openai
 
 import arttrace as at
-from arttrace.journal import Journal
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+from arttrace.training._journal import Journal
 
-trainer_module = importlib.import_module("arttrace.trainer")
-trajectory_module = importlib.import_module("arttrace.trajectory")
+trainer_module = importlib.import_module("arttrace.training._trainer")
+trajectory_module = importlib.import_module("arttrace.capture._trajectory")
 
 GROUPS, GROUP_SIZE, CONCURRENCY = 64, 8, 64
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]

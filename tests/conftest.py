@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import arttrace as at
-from arttrace import _warnings
+from arttrace.capture import _warnings
 from arttrace.testing import LLMServer, ScriptedLLM, serve
 
 TOOLS = [

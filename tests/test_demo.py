@@ -10,8 +10,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-from arttrace.cli import main
-from arttrace.journal import Journal
+from arttrace.app.cli import main
+from arttrace.training._journal import Journal
 
 
 def run(*args: str) -> int:

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import Field
 
 import arttrace as at
-from arttrace import _warnings
+from arttrace.capture import _warnings
 from arttrace.integrations.google_adk import ArttracePlugin, request_messages, request_tools
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, SimpleChatTokenizer, ToolCall
 
@@ -379,7 +379,7 @@ async def test_a_callback_answering_for_the_model_leaves_no_call(
     async with at.trajectory("cache") as t:
         await chat(await new_session(runner))
         t.reward = 1.0
-    assert len(t.calls) == len(llm.requests) == 1 and not t._open_calls
+    assert len(t.calls) == len(llm.requests) == 1 and not t.call_log.in_flight
     items = t.to_art().messages_and_choices
     assert kinds(items) == ["system", "user", "assistant", "user", "Choice"]
     assert items[2] == {"role": "assistant", "content": "hit"}

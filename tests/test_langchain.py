@@ -31,7 +31,7 @@ from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 import arttrace as at
-from arttrace import _warnings
+from arttrace.capture import _warnings
 from arttrace.integrations import langchain as lc
 from arttrace.integrations.langchain import ArttraceCallbackHandler
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall

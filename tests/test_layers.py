@@ -11,7 +11,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-from arttrace.framework import FrameworkCall, choice_record
+from arttrace.integrations._core import FrameworkCall, choice_record
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 
 USER = [{"role": "user", "content": "What is 1+2?"}]

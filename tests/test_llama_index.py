@@ -25,7 +25,7 @@ from openai.types.chat.chat_completion import Choice
 from opentelemetry.sdk.trace import ReadableSpan
 
 import arttrace as at
-from arttrace import _warnings
+from arttrace.capture import _warnings
 from arttrace.integrations import llama_index as li
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall
 
@@ -116,7 +116,7 @@ async def test_function_agent_tool_loop_is_one_trainable_conversation(instrument
     assert all(r["top_logprobs"] == 0 and r["return_token_ids"] is True for r in requests)
 
     # One record per call (each was seen by LlamaIndex and by the shim), named by LlamaIndex.
-    assert len(t._calls) == 6 and len(t.calls) == 3
+    assert len(t.call_log.records) == 6 and len(t.calls) == 3
     assert {(c.source, c.framework, c.step, c.streamed, c.trainable) for c in t.calls} == {
         ("openai", "llama_index", "calculator", True, True)
     }
@@ -312,8 +312,8 @@ def test_sync_chat_and_stream_chat(instrumented, server):
     ]
     # LlamaIndex's own record of each call (merged away) holds the same sampled tokens as the
     # shim's: read from the raw completion and from every raw chunk, not from ChatResponse.
-    ours = sorted((c for c in t._calls if c.source == "llama_index"), key=lambda c: c.seq)
-    shims = sorted((c for c in t._calls if c.source == "openai"), key=lambda c: c.seq)
+    ours = sorted((c for c in t.call_log.records if c.source == "llama_index"), key=lambda c: c.seq)
+    shims = sorted((c for c in t.call_log.records if c.source == "openai"), key=lambda c: c.seq)
     for mine, shim in zip(ours, shims, strict=True):
         assert mine.response_id == shim.response_id
         assert mine.choices[0].logprobs == shim.choices[0].logprobs

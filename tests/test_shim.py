@@ -13,7 +13,7 @@ import pytest
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
 import arttrace as at
-from arttrace.records import ChoiceRecord, LLMCall
+from arttrace import ChoiceRecord, LLMCall
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 from conftest import TOOLS
 

@@ -18,8 +18,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-from arttrace.journal import Journal
 from arttrace.testing import Reply, ScriptedLLM
+from arttrace.training._journal import Journal
 
 
 class RecordingBackend:

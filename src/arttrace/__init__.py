@@ -12,19 +12,35 @@ with at.trajectory("q-17") as t:         # one run of one example
 t.to_art()                               # an art.Trajectory, trainable turns as Choices
 """
 
-from ._warnings import UntrainableTurnWarning
-from .capture import Settings
-from .curriculum import Curriculum
-from .decorators import trainable
-from .dry_run import DryRunBackend
-from .openai_shim import instrument, is_instrumented, uninstrument, wrap_openai
-from .records import ChoiceRecord, LLMCall
-from .trainer import StepResult, Trainer, TrainingError
-from .trajectory import Trajectory, current_trajectory, trajectory
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ArttraceError
+from ._instrument import instrument, is_instrumented, uninstrument, wrap_openai
+from .capture._calls import Settings
+from .capture._records import ChoiceRecord, LLMCall
+from .capture._trainable import trainable
+from .capture._trajectory import Trajectory, current_trajectory, trajectory
+from .capture._warnings import UntrainableTurnWarning
+
+if TYPE_CHECKING:
+    from .training import Curriculum, DryRunBackend, StepResult, Trainer, TrainingError
+
+_TRAINING = frozenset({"Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"})
+
+
+def __getattr__(name: str) -> Any:
+    """The training names load ART, so they are imported on first use."""
+    if name in _TRAINING:
+        from . import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'arttrace' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArttraceError",
     "ChoiceRecord",
     "Curriculum",
     "DryRunBackend",

@@ -12,8 +12,9 @@ import functools
 import importlib
 import logging
 import sys
+from types import ModuleType
 
-import wrapt
+from ..capture._imports import when_imported
 
 _log = logging.getLogger("arttrace")
 
@@ -35,7 +36,7 @@ def hook_frameworks() -> None:
     for name, module in FRAMEWORKS.items():
         if name not in _watched:
             _watched.add(name)  # fires at once if the module is already imported
-            wrapt.register_post_import_hook(functools.partial(_on_import, name), module)
+            when_imported(module, functools.partial(_on_import, name))
         elif module in sys.modules:
             _install(name)
 
@@ -49,7 +50,7 @@ def unhook_frameworks() -> None:
             integration.uninstall()
 
 
-def _on_import(name: str, _module: object) -> None:
+def _on_import(name: str, _module: ModuleType) -> None:
     _install(name)
 
 

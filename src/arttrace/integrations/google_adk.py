@@ -34,9 +34,9 @@ from google.adk.plugins import BasePlugin
 from google.genai import types
 from opentelemetry.trace import Span, Status, StatusCode
 
-from ..framework import FrameworkCall, choice_record, step_span
-from ..openai_shim import is_instrumented
-from ..records import ChoiceRecord, field_of
+from ..capture import _context
+from ..capture._records import ChoiceRecord, field_of
+from ._core import FrameworkCall, choice_record, step_span
 
 if TYPE_CHECKING:
     from google.adk.agents.base_agent import BaseAgent
@@ -194,7 +194,7 @@ class ArttracePlugin(BasePlugin):
             params=_request_params(llm_request),
             step=agent_name,
             parent=self._agent_span(invocation_id, agent_name),
-            fix=_FIX_PROVIDER if is_instrumented() else _FIX_INSTRUMENT,
+            fix=_FIX_PROVIDER if _context.shim_settings() is not None else _FIX_INSTRUMENT,
         )
         state = _ModelCall(open_call, llm_request, invocation_id, key)
         with self._lock:

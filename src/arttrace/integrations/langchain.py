@@ -30,9 +30,9 @@ from langchain_core.tracers.context import register_configure_hook
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from opentelemetry.trace import Span, Status, StatusCode
 
-from .. import _context
-from ..framework import FrameworkCall, choice_record, step_span
-from ..records import ChoiceRecord
+from ..capture import _context
+from ..capture._records import ChoiceRecord
+from ._core import FrameworkCall, choice_record, step_span
 
 __all__ = ["ArttraceCallbackHandler", "install", "openai_messages", "uninstall"]
 
@@ -489,10 +489,9 @@ def _step(metadata: Mapping[str, Any] | None, run_name: Any) -> str | None:
 
 def _fix(serialized: Any) -> str:
     """What to do when a policy turn arrives without exact tokens (the shim did not see it)."""
-    from ..openai_shim import is_instrumented  # imported late: openai_shim imports integrations
 
     model_class = _serialized_name(serialized) or "this chat model"
-    if not is_instrumented():
+    if _context.shim_settings() is None:
         return (
             "A LangChain callback handler alone cannot give ART the exact token ids (LangChain "
             "keeps at most the logprobs). Call arttrace.instrument() before running the agent "

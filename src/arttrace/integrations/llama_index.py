@@ -54,8 +54,8 @@ from llama_index_instrumentation import get_dispatcher
 from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import PrivateAttr
 
-from ..framework import FrameworkCall, choice_record, step_span
-from ..records import field_of
+from ..capture._records import field_of
+from ._core import FrameworkCall, choice_record, step_span
 
 __all__ = [
     "FIX",

@@ -1,4 +1,5 @@
-"""Context variables: the current trajectory and the ``@trainable`` scopes around a call."""
+"""What a call needs to know when it starts: the current trajectory and ``@trainable`` scopes
+(context variables), and the settings of :func:`arttrace.instrument` (process-wide)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 
 if TYPE_CHECKING:
-    from .trajectory import Trajectory
+    from ._calls import Settings
+    from ._trajectory import Trajectory
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +48,16 @@ def recording() -> bool:
     return current_trajectory_var.get() is not None or not isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     )
+
+
+_shim: Settings | None = None
+
+
+def shim_settings() -> Settings | None:
+    """The settings of :func:`arttrace.instrument`, or ``None`` when it is off."""
+    return _shim
+
+
+def set_shim_settings(settings: Settings | None) -> None:
+    global _shim
+    _shim = settings

@@ -5,7 +5,7 @@ An integration opens a :class:`FrameworkCall` when the framework starts an LLM c
 already in OpenAI form) and finishes it with the response. The call joins the trajectory that
 was current when it started, trainable if a ``@trainable`` scope accepts its model. When the
 same call also went through the OpenAI shim, the trajectory keeps it once
-(:mod:`arttrace.layers`).
+(the layer merge).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from . import _context
-from ._warnings import warn_untrainable
-from .capture import OpenCall
-from .records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ..capture import _context
+from ..capture._calls import OpenCall
+from ..capture._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ..capture._warnings import warn_untrainable
 
 _tracer = trace.get_tracer("arttrace")
 
@@ -92,7 +92,7 @@ class FrameworkCall(OpenCall):
         self.span.set_attribute("arttrace.discarded", True)
         self.span.end()
         if self.trajectory is not None:
-            self.trajectory._open_calls.discard(self)
+            self.trajectory.call_log.close(self, keep=False)
 
     def _warn_untrainable(self) -> None:
         if self._seen_by_shim():
@@ -106,9 +106,7 @@ class FrameworkCall(OpenCall):
     def _seen_by_shim(self) -> bool:
         if self.trajectory is None:
             return False
-        return any(
-            c.source == "openai" and c.seq > self.call.seq for c in list(self.trajectory._calls)
-        )
+        return self.trajectory.call_log.has_later("openai", self.call.seq)
 
 
 def choice_record(

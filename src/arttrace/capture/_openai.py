@@ -15,63 +15,39 @@ from openai.resources.chat.completions import AsyncCompletions, Completions
 from openai.types.chat import ChatCompletion
 
 from . import _context
-from .capture import Capture, Settings
-from .integrations import hook_frameworks, unhook_frameworks
+from ._calls import Settings
+from ._chat import Capture
+from ._unwrap import mark, ours, unwrap
 
 _log = logging.getLogger("arttrace")
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
-_global: Settings | None = None
 _ABANDONED = "the stream was closed before its end"
 _METHODS = ("create", "parse")
+_CLASSES = ((Completions, False), (AsyncCompletions, True))
 
 
-def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
-    """Capture every Chat Completions call made through the OpenAI SDK, and hook the
-    frameworks that are installed (LangChain, LlamaIndex, Google ADK) when they are imported.
-
-    Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
-    :class:`arttrace.capture.Settings` for the two options.
-    """
-    global _global
-    if _global is None:
+def patch() -> None:
+    """Wrap the SDK's Chat Completions methods, once; they read the settings of
+    :func:`arttrace.instrument` at each call."""
+    for cls, is_async in _CLASSES:
         for method in _METHODS:
-            wrapt.wrap_function_wrapper(Completions, method, _wrapper(_global_settings, False))
-            wrapt.wrap_function_wrapper(AsyncCompletions, method, _wrapper(_global_settings, True))
-    _global = Settings(request_training_data, export_tokens)
-    hook_frameworks()
+            if not ours(cls.__dict__[method]):
+                wrapt.wrap_function_wrapper(cls, method, _wrapper(_context.shim_settings, is_async))
 
 
-def uninstrument() -> None:
-    """Remove the global patch and the framework hooks (idempotent). Clients passed to
-    :func:`wrap_openai` stay wrapped."""
-    global _global
-    if _global is None:
-        return
-    unhook_frameworks()
-    for cls in (Completions, AsyncCompletions):
+def unpatch() -> None:
+    """Remove arttrace's wrappers, keeping any another library put around them."""
+    for cls, _ in _CLASSES:
         for method in _METHODS:
-            patched = cls.__dict__[method]
-            if isinstance(patched, wrapt.FunctionWrapper):
-                setattr(cls, method, patched.__wrapped__)
-    _global = None
+            unwrap(cls, method)
 
 
-def is_instrumented() -> bool:
-    return _global is not None
-
-
-def wrap_openai(
-    client: _Client, *, request_training_data: bool = True, export_tokens: bool = False
-) -> _Client:
-    """Capture the Chat Completions calls of this one client, without a global patch.
-
-    Returns the same client. Copies made later with ``client.with_options()`` are not wrapped.
-    """
-    settings = Settings(request_training_data, export_tokens)
+def wrap(client: _Client, settings: Settings) -> _Client:
+    """Capture the Chat Completions calls of this one client (see :func:`arttrace.wrap_openai`)."""
     completions = client.chat.completions
     is_async = isinstance(completions, AsyncCompletions)
     for method in _METHODS:
-        if isinstance(completions.__dict__.get(method), wrapt.FunctionWrapper):
+        if ours(completions.__dict__.get(method)):
             completions.__dict__.pop(method)
         wrapped = wrapt.FunctionWrapper(
             getattr(completions, method), _wrapper(lambda: settings, is_async)
@@ -79,10 +55,6 @@ def wrap_openai(
         setattr(completions, method, wrapped)
     completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped methods
     return client
-
-
-def _global_settings() -> Settings | None:
-    return _global
 
 
 def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
@@ -117,7 +89,7 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
             return wrapped(*args, **kwargs)
         return _async_create(wrapped, args, capture)
 
-    return async_create if is_async else sync_create
+    return mark(async_create if is_async else sync_create)
 
 
 def _start(

@@ -14,9 +14,9 @@ from typing import Any
 
 import art
 
-from .art_convert import trainable_tokens
-from .journal import write_json
-from .records import jsonable
+from .._art import trainable_tokens
+from ..capture._records import jsonable
+from ._journal import write_json
 
 
 class DryRunBackend:

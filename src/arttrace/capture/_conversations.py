@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import ChoiceRecord, LLMCall, field_of
+from ._records import ChoiceRecord, LLMCall, field_of
 
 
 @dataclass(slots=True)

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 
-import openai
-import wrapt
-
-# Point the warning at the caller's code, not at the layers between it and the shim.
-_INTERNAL = (
-    *(os.path.dirname(m.__file__ or "") for m in (openai, wrapt)),
-    os.path.dirname(os.path.abspath(__file__)),
-)
+_ARTTRACE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LAYERS = ("openai", "wrapt")
+"""Packages between the caller and the shim, skipped so the warning points at the caller."""
 
 _FIXES = {
     "no logprobs": (
@@ -57,7 +53,15 @@ def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
         f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
         f"is kept as context only. {fix or _FIXES.get(reason, '')}",
         UntrainableTurnWarning,
-        skip_file_prefixes=_INTERNAL,
+        skip_file_prefixes=_internal(),
+    )
+
+
+def _internal() -> tuple[str, ...]:
+    loaded = (sys.modules.get(name) for name in _LAYERS)
+    return (
+        _ARTTRACE,
+        *(os.path.dirname(m.__file__) for m in loaded if m is not None and m.__file__),
     )
 
 

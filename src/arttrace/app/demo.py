@@ -19,6 +19,7 @@ import art
 import openai
 
 import arttrace as at
+from arttrace._errors import ConfigurationError
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 
 TOOLS: list[dict[str, Any]] = [
@@ -147,7 +148,9 @@ def _fresh(out: Path) -> None:
     marker = out / ".arttrace-demo"
     if out.exists() and any(out.iterdir()):
         if not marker.exists():
-            raise ValueError(f"{out} is not empty and holds no earlier demo: choose another --out")
+            raise ConfigurationError(
+                f"{out} is not empty and holds no earlier demo: choose another --out"
+            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     marker.touch()

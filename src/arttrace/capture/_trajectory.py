@@ -11,18 +11,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-import art
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from .._errors import ConfigurationError, UsageError
 from . import _context
-from .art_convert import history, messages_and_choices
-from .conversations import Conversation, assemble
-from .layers import merge_layers
-from .records import LLMCall
+from ._calls import CallLog
+from ._conversations import Conversation, assemble
+from ._layers import merge_layers
+from ._records import LLMCall
 
 if TYPE_CHECKING:
-    from .capture import OpenCall
+    import art
 
 MetadataValue = str | int | float | bool | None
 _tracer = trace.get_tracer("arttrace")
@@ -45,8 +45,8 @@ class Trajectory:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self._reward: float | None = None
-        self._calls: list[LLMCall] = []
-        self._open_calls: set[OpenCall] = set()
+        self.call_log = CallLog()
+        """The calls in flight and ended; read them through :attr:`calls`."""
         self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
 
     # -- reward ----------------------------------------------------------------------------
@@ -63,9 +63,7 @@ class Trajectory:
 
     def __enter__(self) -> Self:
         if self._scope is not None or self.ended_at is not None:
-            raise RuntimeError(
-                f"trajectory {self.example_id!r} was already entered; open a new one"
-            )
+            raise UsageError(f"trajectory {self.example_id!r} was already entered; open a new one")
         self.started_at = time.time()
         span = _tracer.start_span(
             f"trajectory {self.example_id}", attributes={"arttrace.example_id": self.example_id}
@@ -86,8 +84,7 @@ class Trajectory:
         assert self._scope is not None, "trajectory exited without being entered"
         token, otel_token, span = self._scope
         self._scope = None
-        for open_call in list(self._open_calls):
-            open_call.abandon("the trajectory ended before the call finished")
+        self.call_log.abandon_open("the trajectory ended before the call finished")
         if exc is not None:
             self.exception = {
                 "type": type(exc).__qualname__,
@@ -113,20 +110,13 @@ class Trajectory:
     ) -> None:
         self.__exit__(exc_type, exc, tb)
 
-    def _open(self, open_call: OpenCall) -> None:
-        self._open_calls.add(open_call)
-
-    def _close(self, open_call: OpenCall) -> None:
-        self._open_calls.discard(open_call)
-        self._calls.append(open_call.call)
-
     # -- reading ---------------------------------------------------------------------------
 
     @property
     def calls(self) -> list[LLMCall]:
         """Every LLM call, in start order; a call both a framework and the OpenAI shim saw
-        is one call (see :func:`arttrace.layers.merge_layers`)."""
-        return merge_layers(self._calls)
+        is one call (the layer merge, in ``arttrace.capture._layers``)."""
+        return merge_layers(self.call_log.records)
 
     def conversations(self) -> list[Conversation]:
         """The calls assembled into conversations, the main one first."""
@@ -144,12 +134,16 @@ class Trajectory:
         """This run as an ``art.Trajectory``: the main conversation in ``messages_and_choices``,
         the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``."""
         if self._reward is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
                 "(or `arttrace.current_trajectory().reward = ...`) before converting it"
             )
+        from .._art import history, messages_and_choices  # ART loads on first use
+
         main, *others = self.conversations() or [Conversation()]
         logs = [] if self.exception is None else [self.exception["traceback"]]
+        import art
+
         return art.Trajectory(
             messages_and_choices=messages_and_choices(main),
             tools=main.tools,  # type: ignore[arg-type]  # plain dicts of that TypedDict shape
@@ -182,7 +176,7 @@ class Trajectory:
         t.metrics = dict(data.get("metrics") or {})
         t.exception = data.get("exception")
         t.started_at, t.ended_at = data.get("started_at"), data.get("ended_at")
-        t._calls = [LLMCall.from_dict(c) for c in data.get("calls", [])]
+        t.call_log.records = [LLMCall.from_dict(c) for c in data.get("calls", [])]
         return t
 
     def save(self, path: str | Path) -> None:
@@ -195,7 +189,7 @@ class Trajectory:
 
     def __repr__(self) -> str:
         return (
-            f"Trajectory(example_id={self.example_id!r}, calls={len(self._calls)}, "
+            f"Trajectory(example_id={self.example_id!r}, calls={len(self.call_log.records)}, "
             f"reward={self._reward!r})"
         )
 
@@ -216,7 +210,7 @@ def current_trajectory() -> Trajectory:
     """The trajectory this code runs in; raises ``RuntimeError`` outside of one."""
     current = _context.current_trajectory_var.get()
     if current is None:
-        raise RuntimeError(
+        raise UsageError(
             "no trajectory is active here: "
             "run this code inside `with arttrace.trajectory(example_id):`"
         )
@@ -226,16 +220,18 @@ def current_trajectory() -> Trajectory:
 def check_reward(value: Any) -> float:
     """``value`` as a finite float, or a ``ValueError`` saying what was wrong."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"reward must be a finite number, got {type(value).__name__} {value!r}")
+        raise ConfigurationError(
+            f"reward must be a finite number, got {type(value).__name__} {value!r}"
+        )
     if not math.isfinite(value):
-        raise ValueError(f"reward must be a finite number, got {value!r}")
+        raise ConfigurationError(f"reward must be a finite number, got {value!r}")
     return float(value)
 
 
 def _check_metadata(metadata: dict[str, Any]) -> None:
     for key, value in metadata.items():
         if not isinstance(key, str) or not isinstance(value, str | int | float | bool | type(None)):
-            raise ValueError(
+            raise ConfigurationError(
                 f"metadata[{key!r}] = {value!r}: ART accepts only str keys and "
                 "str, int, float, bool or None values"
             )

@@ -10,7 +10,7 @@ import art
 from art.trajectories import LegacyHistory
 from openai.types.chat.chat_completion import Choice
 
-from .conversations import Conversation, Turn
+from .capture._conversations import Conversation, Turn
 
 
 def messages_and_choices(conversation: Conversation) -> list[Any]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import art
 
+from .._errors import ConfigurationError
+
 
 @dataclass
 class Curriculum:
@@ -32,9 +34,9 @@ class Curriculum:
         for name in ("initial_percentile", "increment_percentile"):
             value = getattr(self, name)
             if not 0 < value <= 1:
-                raise ValueError(f"Curriculum.{name} must be in (0, 1], got {value!r}")
+                raise ConfigurationError(f"Curriculum.{name} must be in (0, 1], got {value!r}")
         if self.expansion_interval < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Curriculum.expansion_interval must be at least 1, got {self.expansion_interval!r}"
             )
         self.percentile = self.initial_percentile

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from .trajectory import Trajectory
+from ..capture._trajectory import Trajectory
 
 Slot = tuple[int, int]
 """(position of the example in the step's batch, rollout number)."""

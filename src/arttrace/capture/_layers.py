@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .conversations import message_key
-from .records import LLMCall
+from ._conversations import message_key
+from ._records import LLMCall
 
 
 def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:

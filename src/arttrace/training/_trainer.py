@@ -27,21 +27,18 @@ import art
 from art.trajectories import PydanticException
 from tqdm.auto import tqdm
 
-from .art_convert import trainable_tokens
-from .curriculum import Curriculum
-from .journal import Journal, Slot
-from .plot import reward_plot
-from .trajectory import Trajectory, check_reward, trajectory
+from .._art import trainable_tokens
+from .._errors import ConfigurationError, TrainingError
+from ..capture._trajectory import Trajectory, check_reward, trajectory
+from ._curriculum import Curriculum
+from ._journal import Journal, Slot
+from ._plot import reward_plot
 
 _log = logging.getLogger("arttrace")
 _PLOT_INTERVAL = 30.0
 """Seconds between two redraws of the reward plot (~0.15 s of CPU each) after steps."""
 Rollout = Callable[[Any], Awaitable[Any]]
 RewardFn = Callable[[Any, Any], float | Awaitable[float]]
-
-
-class TrainingError(RuntimeError):
-    """A step could not complete; what it had finished is in the journal (resume=True)."""
 
 
 @dataclass
@@ -100,14 +97,16 @@ class Trainer:
         **train_kwargs: Any,
     ) -> None:
         if not train_dataset:
-            raise ValueError("train_dataset is empty: give the Trainer at least one example")
+            raise ConfigurationError(
+                "train_dataset is empty: give the Trainer at least one example"
+            )
         for name, value in (
             ("group_size", group_size),
             ("groups_per_step", groups_per_step),
             ("max_concurrency", max_concurrency),
         ):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
         if group_size < 2:
             _log.warning("group_size=1: a group of one run has no reward spread to learn from")
         self.model, self.backend, self.rollout = model, backend, rollout
@@ -127,7 +126,7 @@ class Trainer:
         self._plotted_at, self._plot_stale = -math.inf, False
         state = self.journal.load_state()
         if state and not resume:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self.output_dir} already holds a run ({state['completed_steps']} steps): "
                 "pass resume=True to continue it, or choose another output_dir"
             )
@@ -242,7 +241,7 @@ class Trainer:
     async def validate(self) -> dict[str, float]:
         """Run every validation example once; record and return the reward statistics."""
         if not self.val_dataset:
-            raise ValueError("no val_dataset was given to the Trainer")
+            raise ConfigurationError("no val_dataset was given to the Trainer")
         results: dict[Slot, Trajectory] = {}
         slots = {
             (i, 0): (self.example_id(example, i, "val"), example)
@@ -273,7 +272,7 @@ class Trainer:
         Returns each step's :class:`StepResult` without its ``groups`` (a long run would keep
         every trajectory in memory; they are in the journal)."""
         if (num_steps is None) == (num_epochs is None):
-            raise ValueError("give exactly one of num_steps or num_epochs")
+            raise ConfigurationError("give exactly one of num_steps or num_epochs")
         total = num_steps if num_steps is not None else num_epochs * self.steps_per_epoch  # type: ignore[operator]
         validated = {int(v["step"]) for v in self._read("validation.jsonl")}
         results: list[StepResult] = []
@@ -357,7 +356,7 @@ class Trainer:
                 elif output is not None:
                     t.reward = check_reward(output)
                 elif t.reward is None:
-                    raise ValueError(
+                    raise ConfigurationError(
                         "the rollout returned None and set no reward: return the reward, set "
                         "arttrace.current_trajectory().reward, or pass reward_fn to the Trainer"
                     )

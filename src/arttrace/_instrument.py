@@ -1,0 +1,75 @@
+"""Turning capture on and off: the OpenAI SDK shim and the framework hooks together.
+
+Nothing is imported here that the application has not imported: the SDK is patched, and each
+framework hooked, when the application imports it (at once if it already has).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeVar
+
+from . import integrations
+from .capture import _context
+from .capture._calls import Settings
+from .capture._imports import when_imported
+
+if TYPE_CHECKING:
+    import openai
+
+    _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
+else:
+    _Client = TypeVar("_Client")
+
+_SHIM = "arttrace.capture._openai"
+
+
+def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
+    """Capture every Chat Completions call made through the OpenAI SDK, and hook the
+    frameworks that are installed (LangChain, LlamaIndex, Google ADK) when they are imported.
+
+    Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
+    :class:`arttrace.Settings` for the two options.
+    """
+    first = _context.shim_settings() is None
+    _context.set_shim_settings(Settings(request_training_data, export_tokens))
+    if first:
+        when_imported("openai", _patch_openai)
+    integrations.hook_frameworks()
+
+
+def uninstrument() -> None:
+    """Remove the global patch and the framework hooks (idempotent). Clients passed to
+    :func:`wrap_openai` stay wrapped."""
+    if _context.shim_settings() is None:
+        return
+    integrations.unhook_frameworks()
+    shim = sys.modules.get(_SHIM)
+    if shim is not None:
+        shim.unpatch()
+    _context.set_shim_settings(None)
+
+
+def is_instrumented() -> bool:
+    """Whether :func:`instrument` is in effect."""
+    return _context.shim_settings() is not None
+
+
+def wrap_openai(
+    client: _Client, *, request_training_data: bool = True, export_tokens: bool = False
+) -> _Client:
+    """Capture the Chat Completions calls of this one client, without a global patch.
+
+    Returns the same client. Copies made later with ``client.with_options()`` are not wrapped.
+    """
+    from .capture import _openai
+
+    return _openai.wrap(client, Settings(request_training_data, export_tokens))
+
+
+def _patch_openai(_module: ModuleType) -> None:
+    if _context.shim_settings() is not None:
+        from .capture import _openai
+
+        _openai.patch()
