@@ -1,0 +1,53 @@
+"""Never break the host: a failure inside arttrace's own code is caught, logged once per place,
+and marks what it concerns. It never reaches the caller's call, stream or warning filter.
+
+Every layer (the OpenAI shim, the framework hooks) runs its capture code under :func:`guarded`,
+the one form of this rule; what a failure means for a record is the ``on_error`` callback's to
+say (usually: the call is marked as not captured whole, so it is not trained on).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+_log = logging.getLogger("arttrace")
+_logged: set[str] = set()
+_lock = threading.Lock()
+
+
+@contextmanager
+def guarded(
+    where: str, on_error: Callable[[BaseException], object] | None = None
+) -> Iterator[None]:
+    """Run the block; an ``Exception`` raised in it is logged (once per ``where``, with its
+    traceback) and handed to ``on_error``, whose own failure is swallowed too."""
+    try:
+        yield
+    except Exception as error:
+        report(where, error)
+        if on_error is not None:
+            try:
+                on_error(error)
+            except Exception as second:
+                report(f"{where} (marking the failure)", second)
+
+
+def report(where: str, error: BaseException) -> None:
+    """Log an internal failure of arttrace: with its traceback the first time at ``where``,
+    in one line after that."""
+    with _lock:
+        first = where not in _logged
+        _logged.add(where)
+    if first:
+        _log.error(
+            "arttrace failed in %s; the application is unaffected, the call is marked "
+            "(please report this): %r",
+            where,
+            error,
+            exc_info=error,
+        )
+    else:
+        _log.debug("arttrace failed in %s again: %r", where, error)
