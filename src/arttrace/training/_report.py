@@ -1,0 +1,147 @@
+"""What a run tells its user: ``metrics.jsonl``, progress bar, reward plot, ``model.log``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import art
+from tqdm.auto import tqdm
+
+from ._plot import reward_plot
+
+_log = logging.getLogger("arttrace")
+PLOT_INTERVAL = 30.0
+"""Seconds between two redraws of the reward plot (~0.15 s of CPU each) after steps."""
+
+
+class Progress:
+    """A progress bar over a step's runs, showing the running mean reward."""
+
+    def __init__(self, desc: str, pending: int, done: list[float | None], *, enabled: bool) -> None:
+        """``pending`` runs to go; ``done``: the rewards of the runs already finished."""
+        rewards = [r for r in done if r is not None]
+        self._total, self._count = sum(rewards), len(rewards)
+        self._bar = tqdm(
+            total=pending + len(done),
+            initial=len(done),
+            desc=desc,
+            unit="run",
+            disable=not enabled,
+            leave=False,
+        )
+
+    def update(self, reward: float | None) -> None:
+        if reward is not None:
+            self._total, self._count = self._total + reward, self._count + 1
+        if self._bar.update():  # it redrew (at most every 0.1 s): show the mean from now on
+            self._bar.set_postfix(reward=f"{self._total / max(self._count, 1):.3f}", refresh=False)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class Reporter:
+    """Writes ``metrics.jsonl`` / ``validation.jsonl`` in ``output_dir``, sends metrics to
+    ``model.log`` and redraws ``reward_plot.png`` at most every :data:`PLOT_INTERVAL` seconds,
+    in the background so that the next step starts at once (see :meth:`flush`)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        model: art.TrainableModel[Any],
+        *,
+        log_to_model: bool,
+        progress: bool,
+    ) -> None:
+        self.output_dir, self.model = output_dir, model
+        self.log_to_model, self.progress = log_to_model, progress
+        self._model_log_failed = False
+        self._reporting: asyncio.Future[None] | None = None
+        self._plotted_at, self._plot_stale = -math.inf, False
+
+    def bar(self, split: str, step: int, pending: int, done: list[float | None]) -> Progress:
+        return Progress(f"{split} step {step}", pending, done, enabled=self.progress)
+
+    def append(self, name: str, record: dict[str, Any]) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with (self.output_dir / name).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def read(self, name: str) -> list[dict[str, Any]]:
+        path = self.output_dir / name
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    async def report(self, metrics: dict[str, float], step: int, split: str) -> None:
+        """Send the metrics to ``model.log`` (ART's history and, with ``WANDB_API_KEY`` set,
+        W&B) and redraw the reward plot if the last drawing is ``PLOT_INTERVAL`` old, in the
+        background. The trajectories themselves are in the journal."""
+        await self.flush()
+        now = time.monotonic()
+        plot = now - self._plotted_at >= PLOT_INTERVAL
+        self._plot_stale = not plot
+        if plot:
+            self._plotted_at = now
+        self._reporting = asyncio.ensure_future(self._write(metrics, step, split, plot))
+
+    async def flush(self) -> None:
+        """Wait for the last report's ``model.log`` and plot."""
+        if self._reporting is not None:
+            reporting, self._reporting = self._reporting, None
+            if reporting.get_loop() is asyncio.get_running_loop():
+                await reporting
+            else:  # the event loop it ran on has closed (asyncio.run per step) and cancelled it
+                self._plot_stale = True
+
+    async def finish(self) -> None:
+        """Flush, and redraw the plot if a step came after its last drawing."""
+        await self.flush()
+        if self._plot_stale:
+            self._plot_stale = False
+            await self._plot()
+
+    async def _plot(self) -> None:
+        path = self.output_dir / "reward_plot.png"
+        records = (self.read("metrics.jsonl"), self.read("validation.jsonl"))
+        try:
+            await asyncio.to_thread(reward_plot, path, *records)
+        except Exception as error:  # a plot must not stop training
+            _log.warning("could not draw %s: %r", path, error)
+
+    async def _write(self, metrics: dict[str, float], step: int, split: str, plot: bool) -> None:
+        if plot:
+            await self._plot()
+        if not self.log_to_model or self._model_log_failed:
+            return
+        try:
+            await self.model.log(split=split, metrics=metrics, step=step)
+        except Exception as error:  # logging must not stop training
+            self._model_log_failed = True
+            _log.warning(
+                "model.log failed (%r); metrics stay in %s. Pass log_to_model=False to skip it.",
+                error,
+                self.output_dir / "metrics.jsonl",
+            )
+
+
+def reward_stats(rewards: list[float]) -> dict[str, float]:
+    """Mean, min, max and standard deviation (all NaN when there is no reward)."""
+    if not rewards:
+        return {
+            "reward_mean": math.nan,
+            "reward_min": math.nan,
+            "reward_max": math.nan,
+            "reward_std": math.nan,
+        }
+    mean = sum(rewards) / len(rewards)
+    return {
+        "reward_mean": mean,
+        "reward_min": min(rewards),
+        "reward_max": max(rewards),
+        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+    }

@@ -1,0 +1,193 @@
+"""One GRPO step: run the batch's rollouts, journal them, group them by example, drop the
+groups that teach nothing, ship the rest, record the step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import art
+from art.trajectories import PydanticException
+
+from .._art import trainable_tokens
+from .._errors import TrainingError
+from ..capture._trajectory import Trajectory
+from ._journal import Slot
+from ._report import Progress, reward_stats
+from ._ship import ship
+
+if TYPE_CHECKING:
+    from ._trainer import Trainer
+
+
+@dataclass
+class StepResult:
+    step: int
+    """The step number (0-based): how many steps had completed before this one."""
+    epoch: int
+    metrics: dict[str, float]
+    groups: list[art.TrajectoryGroup] = field(repr=False)
+    """The groups shipped to the backend (empty when no group had learning signal, and in
+    the results of :meth:`Trainer.train`)."""
+    train_result: art.TrainResult | None = None
+
+
+async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
+    """Run step ``trainer.completed_steps`` and ship it; see the Trainer's docstring."""
+    config, schedule, journal = trainer.config, trainer.schedule, trainer.journal
+    step = trainer.completed_steps
+    epoch, indices = schedule.batch(step)
+    schedule.start_epoch(epoch)
+    started = time.perf_counter()
+    finished = journal.finished(step)
+    slots = {
+        (pos, k): (schedule.example_id(schedule.dataset[i], i, "train"), schedule.dataset[i])
+        for pos, i in enumerate(indices)
+        for k in range(config.group_size)
+    }
+    try:
+        await run_rollouts(
+            {s: v for s, v in slots.items() if s not in finished},
+            lambda slot, example_id, example: trainer.run_one(
+                example_id, example, "train", step, slot[1]
+            ),
+            max_concurrency=config.max_concurrency,
+            bar=trainer.reporter.bar(
+                "train", step, len(slots) - len(finished), [t.reward for t in finished.values()]
+            ),
+            done=finished,
+            on_done=lambda slot, t: journal.record(step, slot, t),  # before shipping
+        )
+    finally:
+        journal.close()
+    rollout_seconds = time.perf_counter() - started
+
+    with _gc_paused():
+        groups, failures = build_groups(trainer, indices, finished)
+    failed = sum(failures)
+    if failed > config.allowed_exceptions(len(slots)):
+        raise TrainingError(
+            f"step {step}: {failed} of {len(slots)} rollouts raised (max_exceptions="
+            f"{config.max_exceptions!r}); see the groups' exceptions in {journal.root}"
+        )
+    with_signal = [g for g in groups if _spread(g) > 0 and _spread(g) >= config.min_reward_spread]
+    dropped = len(groups) - len(with_signal)
+    shipped, excluded = schedule.select(with_signal)
+
+    train_started = time.perf_counter()
+    train_result = None
+    if shipped and not journal.shipped(step):
+        train_result = await ship(
+            trainer.backend, trainer.model, step, shipped, config, journal.root
+        )
+    train_seconds = time.perf_counter() - train_started
+
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    metrics: dict[str, float] = {
+        "step": step,
+        "epoch": epoch,
+        **reward_stats(rewards),
+        "groups": len(groups),
+        "groups_kept": len(shipped),
+        "groups_dropped": dropped,
+        "groups_excluded_by_curriculum": len(excluded),
+        "trajectories": len(rewards),
+        "exceptions": failed,
+        "trainable_tokens": sum(trainable_tokens(t) for g in shipped for t in g.trajectories),
+        "rollout_seconds": rollout_seconds,
+        "train_seconds": train_seconds,
+    }
+    if schedule.curriculum is not None:
+        metrics["curriculum_percentile"] = schedule.curriculum.percentile
+    if train_result is not None:
+        metrics.update({f"train/{k}": float(v) for k, v in train_result.metrics.items()})
+    journal.mark_shipped(step, {"groups": len(shipped), "metrics": metrics})
+    trainer.completed_steps = step + 1
+    journal.save_state(
+        {
+            "completed_steps": trainer.completed_steps,
+            **({"curriculum": schedule.curriculum.state()} if schedule.curriculum else {}),
+        }
+    )
+    return StepResult(step, epoch, metrics, shipped, train_result)
+
+
+async def run_rollouts[ExampleT](
+    slots: dict[Slot, tuple[str, ExampleT]],
+    run: Callable[[Slot, str, ExampleT], Awaitable[Trajectory]],
+    *,
+    max_concurrency: int,
+    bar: Progress,
+    done: dict[Slot, Trajectory],
+    on_done: Callable[[Slot, Trajectory], None] | None = None,
+) -> None:
+    """Run the rollouts of ``slots`` concurrently, at most ``max_concurrency`` at a time,
+    filling ``done``. Cancelled, it cancels the runs in flight before it re-raises."""
+    semaphore = asyncio.Semaphore(max_concurrency)  # bound to this event loop
+
+    async def one(slot: Slot, example_id: str, example: ExampleT) -> None:
+        async with semaphore:
+            t = await run(slot, example_id, example)
+        if on_done is not None:
+            on_done(slot, t)
+        done[slot] = t
+        bar.update(t.reward)
+
+    tasks = [asyncio.ensure_future(one(s, *v)) for s, v in slots.items()]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    finally:
+        bar.close()
+
+
+def build_groups(
+    trainer: Trainer[Any], indices: list[int], done: dict[Slot, Trajectory]
+) -> tuple[list[art.TrajectoryGroup], list[int]]:
+    """One group per example, and the number of its runs that raised. Runs are converted to
+    ART here, once all have finished: an ART trajectory is ~600 small objects, and holding a
+    step's worth of them through the rollouts made every full garbage collection in between
+    walk them all."""
+    schedule, group_size = trainer.schedule, trainer.config.group_size
+    groups, failures = [], []
+    for pos, index in enumerate(indices):
+        slots = [(pos, k) for k in range(group_size)]
+        ok = [
+            done[s].to_art()
+            for s in slots
+            if done[s].exception is None and done[s].reward is not None
+        ]
+        exceptions = [PydanticException(**error) for s in slots if (error := done[s].exception)]
+        example_id = schedule.example_id(schedule.dataset[index], index, "train")
+        groups.append(
+            art.TrajectoryGroup(ok, exceptions=exceptions, metadata={"example_id": example_id})
+        )
+        failures.append(len(exceptions))
+    return groups, failures
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection inside: building many long-lived objects in one burst otherwise
+    triggers a full collection every time they grow by a quarter, each walking all of them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _spread(group: art.TrajectoryGroup) -> float:
+    rewards = [t.reward for t in group.trajectories]
+    return max(rewards) - min(rewards) if len(rewards) > 1 else 0.0
