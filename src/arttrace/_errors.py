@@ -22,3 +22,19 @@ class UsageError(ArttraceError, RuntimeError):
 
 class TrainingError(ArttraceError, RuntimeError):
     """A step could not complete; what it had finished is in the journal (``resume=True``)."""
+
+
+class ResumeError(ConfigurationError):
+    """``resume=True`` with settings that differ from the run's saved ones (seed, dataset,
+    group size, ...): resuming would group runs under the wrong examples. The message names
+    each difference."""
+
+
+class RunLockedError(UsageError):
+    """Another Trainer, in this process or another, is working in the run folder; the
+    message names the folder and the holder's PID."""
+
+
+class JournalError(ArttraceError, ValueError):
+    """A file in the run folder is damaged where no crash damages it (a line other than the
+    last, a file written whole); the message names the file and line and what to do."""

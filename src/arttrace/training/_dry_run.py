@@ -2,12 +2,14 @@
 
 Use it in place of a real backend to validate a setup on a machine without a GPU: each
 ``train()`` call writes the groups (``groups.jsonl``, in ART's JSON form) and a report (trainable
-tokens per group, which groups carry learning signal, the training arguments received).
+tokens per group, which groups carry learning signal, the training arguments received). Its step
+is the last report on disk, so a resumed run (a new process) learns which steps were trained.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import art
 
 from .._art import trainable_tokens
 from ..capture._records import jsonable
-from ._journal import write_json
+from ._journal import private_dir, write_json
 
 
 class DryRunBackend:
@@ -41,7 +43,13 @@ class DryRunBackend:
         return str(model.name)
 
     async def _get_step(self, model: Any) -> int:
-        return self._steps.get(model.name, 0)
+        """The last step trained: in this process, or by an earlier one (its report)."""
+        on_disk = [
+            int(number)
+            for report in (self.output_dir / model.name).glob("step-*/report.json")
+            if (number := report.parent.name.removeprefix("step-")).isdigit()
+        ]
+        return max([self._steps.get(model.name, 0), *on_disk])
 
     async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
         return None
@@ -66,10 +74,10 @@ class DryRunBackend:
         self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
     ) -> art.TrainResult:
         groups = list(trajectory_groups)
-        step = self._steps.get(model.name, 0) + 1
-        directory = self.output_dir / model.name / f"step-{step:05d}"
-        directory.mkdir(parents=True, exist_ok=True)
-        with (directory / "groups.jsonl").open("w") as f:
+        step = await self._get_step(model) + 1
+        directory = private_dir(self.output_dir / model.name / f"step-{step:05d}")
+        fd = os.open(directory / "groups.jsonl", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "w") as f:  # it holds prompts: for the user only
             for group in groups:
                 f.write(group.model_dump_json() + "\n")
         report = [_group_report(g) for g in groups]
@@ -83,7 +91,7 @@ class DryRunBackend:
             "train_kwargs": {k: jsonable(v) for k, v in kwargs.items()},
             "per_group": report,
         }
-        write_json(directory / "report.json", summary)
+        write_json(directory / "report.json", summary)  # last: a step with a report trained
         self._steps[model.name] = step
         metrics = {k: float(summary[k]) for k in ("groups", "trajectories", "trainable_tokens")}
         return art.TrainResult(step=step, metrics=metrics)
