@@ -23,17 +23,23 @@ from .capture._trajectory import Trajectory, current_trajectory, trajectory
 from .capture._warnings import UntrainableTurnWarning
 
 if TYPE_CHECKING:
+    from .gateway import Gateway
     from .training import Curriculum, DryRunBackend, StepResult, Trainer, TrainingError
 
 _TRAINING = frozenset({"Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"})
 
 
 def __getattr__(name: str) -> Any:
-    """The training names load ART, so they are imported on first use."""
+    """The training names load ART, and ``Gateway`` starlette and uvicorn, so they are
+    imported on first use."""
     if name in _TRAINING:
         from . import training
 
         return getattr(training, name)
+    if name == "Gateway":
+        from .gateway import Gateway
+
+        return Gateway
     raise AttributeError(f"module 'arttrace' has no attribute {name!r}")
 
 
@@ -44,6 +50,7 @@ __all__ = [
     "ChoiceRecord",
     "Curriculum",
     "DryRunBackend",
+    "Gateway",
     "LLMCall",
     "Settings",
     "StepResult",

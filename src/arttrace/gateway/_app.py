@@ -1,0 +1,139 @@
+"""The gateway's ASGI app: each run's OpenAI-compatible API, and the run API (``/runs``)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..capture import _context
+from ..capture._guard import guarded
+from ._recorders import Recorder, open_recorder
+from ._relay import TOKEN_HEADER, Relay, Upstream, secrets_of, upstream_headers
+from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
+
+_RECORDED = ("chat/completions", "responses")
+_TOKEN = TOKEN_HEADER.encode()
+
+
+class GatewayApp:
+    """Checks the gateway's token (when it has one), then routes the request."""
+
+    def __init__(
+        self, runs: Runs, upstream: Upstream, options: RunOptions, token: str | None
+    ) -> None:
+        self.runs, self.upstream, self.token = runs, upstream, token
+        api = RunAPI(runs, options)
+        self.app = Starlette(
+            routes=[
+                Route("/runs", api.open, methods=["POST"]),
+                Route("/runs/{run_id}", api.show, methods=["GET"]),
+                Route("/runs/{run_id}/reward", api.reward, methods=["PUT", "POST"]),
+                Route("/runs/{run_id}/close", api.close, methods=["POST"]),
+                Route(
+                    "/runs/{run_id}/v1/{path:path}",
+                    self.relay,
+                    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                ),
+            ],
+            exception_handlers={HTTPException: _http_error},
+            lifespan=self._lifespan,
+        )
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.upstream.start()
+        try:
+            yield
+        finally:
+            await self.upstream.stop()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The gateway's own upstream calls are not calls of a run of this process: a capture
+        # layer below (an HTTP-level one) must not record them a second time.
+        _context.capturing.set(True)
+        if scope["type"] == "http" and self.token is not None and not self._authorized(scope):
+            response = error(
+                401,
+                "arttrace gateway: this gateway needs its token, as `Authorization: Bearer "
+                f"<token>` (the OpenAI client's api_key) or in an `{TOKEN_HEADER}` header",
+                "authentication_error",
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        return any(
+            name in (b"authorization", _TOKEN) and self._is_token(value)
+            for name, value in scope["headers"]
+        )
+
+    def _is_token(self, value: bytes) -> bool:
+        given = value.decode("latin-1").removeprefix("Bearer ").strip()
+        return self.token is not None and hmac.compare_digest(given, self.token)
+
+    async def relay(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        run = self.runs.get(run_id)
+        if run is None:
+            return unknown_run(run_id)
+        path = request.path_params["path"]
+        body = await request.body()
+        raw = request.headers.raw
+        headers = upstream_headers(
+            raw,
+            drop_authorization=any(n == b"authorization" and self._is_token(v) for n, v in raw),
+            api_key=self.upstream.api_key,
+        )
+        secrets = secrets_of(raw, self.upstream.api_key, self.token)
+        recorder: Recorder | None = None
+        if request.method == "POST" and path in _RECORDED:
+            parsed = _json_object(body)
+            if parsed is not None:
+                with guarded("the gateway opening a call's record"):
+                    recorder, sent = open_recorder(run, path, parsed, self.upstream.client, secrets)
+                    if sent is not parsed:
+                        body = _dumps(sent)
+        upstream_request = self.upstream.request(
+            request.method, path, request.scope["query_string"], headers, body
+        )
+        return Relay(self.upstream, upstream_request, recorder, secrets)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # forwarded as is: the upstream says what is wrong with it
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # an integer beyond 64 bits
+        import json
+
+        return json.dumps(body).encode()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = (
+            f"arttrace gateway: no route for {request.url.path}. A run's OpenAI base URL is "
+            "/runs/<run_id>/v1 (from gateway.url(trajectory) or POST /runs)"
+        )
+    else:
+        message = f"arttrace gateway: {exc.detail}"
+    return error(exc.status_code, message)

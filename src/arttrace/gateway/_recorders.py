@@ -1,0 +1,249 @@
+"""What the gateway records of a call, with the capture core's own parsers.
+
+A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the run's
+context (its trajectory, a ``@trainable``-like policy scope) so it lands in the run exactly
+as an in-process call would: the upstream's JSON becomes ``ChatCompletion`` /
+``ChatCompletionChunk`` objects fed to ``complete`` / ``add_chunk`` / ``end_stream``.
+
+A Responses API call is forwarded and kept as context: arttrace has no Responses parser for
+exact tokens yet, so its text and function calls are recorded, not trained on, and the first
+one per model warns (:class:`~arttrace.UntrainableTurnWarning`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from opentelemetry import context as otel_context
+from pydantic import ValidationError
+
+from ..capture import _context
+from ..capture._calls import OpenCall, Settings
+from ..capture._chat import Capture, message_dict, with_training_fields
+from ..capture._guard import guarded
+from ..capture._records import ChoiceRecord, LLMCall, jsonable
+from ..capture._warnings import warn_untrainable
+from ._runs import Run
+
+_RESPONSES_FIX = (
+    "The gateway forwards Responses API calls but cannot read their exact tokens yet: point "
+    "the agent at Chat Completions (for the OpenAI Agents SDK, OpenAIChatCompletionsModel)."
+)
+
+
+class UpstreamError(Exception):
+    """The upstream answered with an error; the caller got that answer unchanged."""
+
+
+class Recorder(Protocol):
+    """One call's record, fed what the upstream sends."""
+
+    def whole(self, status: int, data: bytes) -> None: ...
+    def event(self, data: bytes) -> None: ...
+    def ended(self) -> None: ...
+    def failed(self, error: BaseException, *, partial: bool) -> None: ...
+    def abandoned(self, why: str) -> None: ...
+
+
+def open_recorder(
+    run: Run, path: str, body: dict[str, Any], server: Any, secrets: tuple[str, ...]
+) -> tuple[Recorder, dict[str, Any]]:
+    """The recorder of a call to ``path`` in ``run``, and the body to send upstream (asking for
+    exact tokens on a policy call when the run says so; sampling parameters are never touched).
+    ``secrets`` (the request's keys) are blanked out of any upstream error text it keeps."""
+    trajectory = _context.current_trajectory_var.set(run.trajectory)
+    scopes = _context.trainable_scopes.set((run.options.scope,))
+    attached = otel_context.attach(run.otel) if run.otel is not None else None
+    try:
+        if path == "responses":
+            return _ResponsesCall(run, body, server, secrets), body
+        policy = _context.policy_scope(str(body.get("model", ""))) is not None
+        if policy and run.options.request_training_data:
+            body = training_fields(body)
+        settings = Settings(request_training_data=False, export_tokens=run.options.export_tokens)
+        return _ChatCall(Capture(body, settings, server), secrets), body
+    finally:
+        if attached is not None:
+            otel_context.detach(attached)
+        _context.trainable_scopes.reset(scopes)
+        _context.current_trajectory_var.reset(trajectory)
+
+
+def training_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` asking for ``logprobs`` and ``return_token_ids`` unless the caller set them:
+    the shim's rule (``with_training_fields``), on a JSON body instead of SDK arguments."""
+    extra = {"return_token_ids": body["return_token_ids"]} if "return_token_ids" in body else {}
+    kwargs = with_training_fields({**body, "extra_body": extra})
+    extra = kwargs.pop("extra_body")
+    return {**kwargs, **extra}
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret (the caller's and the gateway's keys) replaced by ``***``."""
+    for secret in secrets:
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+class _ChatCall:
+    """A Chat Completions call, parsed by the capture core."""
+
+    __slots__ = ("capture", "done", "secrets")
+
+    def __init__(self, capture: Capture, secrets: tuple[str, ...]) -> None:
+        self.capture, self.secrets = capture, secrets
+        self.done = False
+
+    def whole(self, status: int, data: bytes) -> None:
+        self.done = True
+        if status >= 400:
+            self.capture.fail(
+                UpstreamError(f"the upstream answered {status}: {_excerpt(data, self.secrets)}")
+            )
+            return
+        with guarded("the gateway reading a Chat Completions response", self._unreadable):
+            self.capture.complete(ChatCompletion.model_validate_json(data))
+
+    def event(self, data: bytes) -> None:
+        if self.done:
+            return
+        if data == b"[DONE]":
+            self.ended()
+            return
+        with guarded("the gateway reading a Chat Completions stream", self._unreadable):
+            try:
+                chunk = ChatCompletionChunk.model_validate_json(data)
+            except ValidationError:
+                event = orjson.loads(data)
+                if isinstance(event, dict) and "error" in event:  # vLLM's error in a stream
+                    self.failed(
+                        UpstreamError(f"the upstream sent {_excerpt(data, self.secrets)}"),
+                        partial=True,
+                    )
+                    return
+                raise
+            self.capture.add_chunk(chunk)
+
+    def ended(self) -> None:
+        if not self.done:
+            self.done = True
+            self.capture.end_stream()
+
+    def failed(self, error: BaseException, *, partial: bool) -> None:
+        if not self.done:
+            self.done = True
+            self.capture.fail(error, partial=partial)
+
+    def abandoned(self, why: str) -> None:
+        if not self.done:
+            self.done = True
+            self.capture.abandon(why)
+
+    def _unreadable(self, error: BaseException) -> None:
+        self.done = True
+        self.capture.abandon(f"arttrace could not read the upstream's response: {error!r}")
+
+
+class _ResponsesCall(OpenCall):
+    """A Responses API call, kept as context: its input, and its output's text and calls."""
+
+    __slots__ = ("secrets",)
+
+    def __init__(
+        self, run: Run, body: dict[str, Any], server: Any, secrets: tuple[str, ...]
+    ) -> None:
+        self.secrets = secrets
+        model = str(body.get("model", ""))
+        policy = run.options.scope.accepts(model)
+        tools = body.get("tools")
+        call = LLMCall(
+            model=model,
+            messages=_input_messages(body),
+            tools=[dict(t) for t in tools] if isinstance(tools, list) else None,
+            params={
+                k: jsonable(v)
+                for k, v in body.items()
+                if k not in ("input", "instructions", "tools", "model")
+            },
+            trainable=False,
+            agent=run.options.agent if policy else None,
+            streamed=bool(body.get("stream")),
+        )
+        super().__init__(call, run.trajectory, run.options.export_tokens, server)
+        if policy:
+            warn_untrainable(model, "a Responses API call", _RESPONSES_FIX)
+
+    def whole(self, status: int, data: bytes) -> None:
+        if status >= 400:
+            self.fail(
+                UpstreamError(f"the upstream answered {status}: {_excerpt(data, self.secrets)}")
+            )
+            return
+        with guarded("the gateway reading a Responses response", self._unreadable):
+            self._complete(orjson.loads(data))
+
+    def event(self, data: bytes) -> None:
+        if self._done:
+            return
+        with guarded("the gateway reading a Responses stream", self._unreadable):
+            event = orjson.loads(data)
+            kind = event.get("type") if isinstance(event, dict) else None
+            if kind in ("response.completed", "response.incomplete"):
+                self._complete(event["response"])
+            elif kind in ("response.failed", "error"):
+                self.fail(UpstreamError(f"the upstream sent {_excerpt(data, self.secrets)}"))
+
+    def ended(self) -> None:
+        self.abandon("the stream ended without a response.completed event")
+
+    def failed(self, error: BaseException, *, partial: bool) -> None:
+        self.call.partial = partial
+        self.fail(error)
+
+    def abandoned(self, why: str) -> None:
+        self.abandon(why)
+
+    def _complete(self, response: dict[str, Any]) -> None:
+        text: list[str] = []
+        tool_calls: list[dict[str, Any]] = []
+        for item in response.get("output") or ():
+            if item.get("type") == "message":
+                text += [p.get("text", "") for p in item.get("content") or () if "text" in p]
+            elif item.get("type") == "function_call":
+                tool_calls.append(
+                    {
+                        "id": item.get("call_id"),
+                        "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                    }
+                )
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        finish = "tool_calls" if tool_calls else "stop"
+        self.call.response_id, self.call.response_model = response.get("id"), response.get("model")
+        self.call.usage = response.get("usage")
+        self.call.choices = [ChoiceRecord(0, message, finish)]
+        self._finish()
+
+    def _unreadable(self, error: BaseException) -> None:
+        self.abandon(f"arttrace could not read the upstream's response: {error!r}")
+
+
+def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    items = body.get("input")
+    messages = [{"role": "user", "content": items}] if isinstance(items, str) else []
+    if isinstance(items, list):
+        messages = [message_dict(i) for i in items if isinstance(i, dict)]
+    if isinstance(body.get("instructions"), str):
+        messages.insert(0, {"role": "system", "content": body["instructions"]})
+    return messages
+
+
+def _excerpt(data: bytes, secrets: tuple[str, ...], limit: int = 500) -> str:
+    """The start of an upstream's error body, without the keys (a 401 may echo the key)."""
+    text = redact(data.decode("utf-8", "replace"), secrets)
+    return text[:limit] + ("..." if len(text) > limit else "")

@@ -1,0 +1,72 @@
+"""uvicorn serving an ASGI app in a thread of its own, with its own event loop.
+
+Its own thread, not the caller's event loop: a rollout that blocks its loop (``subprocess.run``
+of an agent that calls back through the gateway) must not stop the gateway from answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from .._errors import UsageError
+
+
+class ServerThread:
+    """``start()`` binds ``host:port`` (port 0: a free one) and returns once it is serving."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as error:
+            self.socket.close()
+            raise UsageError(f"the gateway cannot listen on {host}:{port}: {error}") from error
+        bound = self.socket.getsockname()
+        self.address: tuple[str, int] = (str(bound[0]), int(bound[1]))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_config=None,  # a library leaves the application's logging alone
+                log_level="warning",
+                access_log=False,  # paths hold run ids; nothing about a request is logged
+                server_header=False,  # the upstream's own headers reach the caller
+                date_header=False,
+                lifespan="on",
+                backlog=4096,
+                timeout_keep_alive=60,
+                timeout_graceful_shutdown=2,
+            )
+        )
+        self._thread = threading.Thread(target=self._serve, name="arttrace-gateway", daemon=True)
+        self._failure: BaseException | None = None
+
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self.server.serve(sockets=[self.socket]))
+        except BaseException as error:  # reported by start()
+            self._failure = error
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                raise UsageError(
+                    f"the gateway's server did not start ({self._failure!r}); see the log"
+                )
+            time.sleep(0.005)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.socket.close()

@@ -1,0 +1,411 @@
+"""The gateway with a plain httpx client: what the caller gets is the upstream's bytes, and
+what the run records is what an in-process call would have recorded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import arttrace as at
+from arttrace.capture import _warnings
+from arttrace.gateway import Gateway
+from arttrace.testing import Reply, ScriptedLLM, ToolCall
+from test_gateway_support import TOOLS, RecordingUpstream
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    yield
+    _warnings.reset()
+
+
+@contextmanager
+def gateway_to(upstream: RecordingUpstream, **options: Any) -> Iterator[Gateway]:
+    """``upstream`` served, and a gateway in front of it."""
+    with upstream, Gateway(upstream.base_url, **options) as gateway:
+        yield gateway
+
+
+def calculator() -> ScriptedLLM:
+    def respond(request: dict[str, Any]) -> Reply:
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            return Reply(f"The answer is {last['content']}.")
+        return Reply("Let me add.", tool_calls=[ToolCall("add", {"a": 2, "b": 3})])
+
+    return ScriptedLLM(respond)
+
+
+def sse_json(data: bytes) -> list[dict[str, Any]]:
+    events = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e.strip()]
+    return [json.loads(e) for e in events if e != b"[DONE]"]
+
+
+def run_calculator(client: httpx.Client, url: str, *, stream: bool) -> list[bytes]:
+    """Two turns (a tool call, then the answer); returns the bytes the caller got."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
+    got = []
+    for _ in range(2):
+        body = {"model": "policy", "messages": messages, "tools": TOOLS, "temperature": 0.7}
+        if stream:
+            with client.stream(
+                "POST", f"{url}/chat/completions", json={**body, "stream": True}
+            ) as r:
+                assert r.status_code == 200
+                data = b"".join(r.iter_raw())
+            chunks = sse_json(data)
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls") or ()]
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                args = "".join(tc["function"].get("arguments") or "" for tc in calls)
+                message["tool_calls"] = [
+                    {
+                        "id": calls[0]["id"],
+                        "type": "function",
+                        "function": {"name": calls[0]["function"]["name"], "arguments": args},
+                    }
+                ]
+        else:
+            r = client.post(f"{url}/chat/completions", json=body)
+            assert r.status_code == 200
+            data = r.content
+            message = json.loads(data)["choices"][0]["message"]
+        got.append(data)
+        messages.append(message)
+        for call in message.get("tool_calls") or ():
+            args = json.loads(call["function"]["arguments"])
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+            )
+    return got
+
+
+def upstream_tokens(exchange: Any) -> tuple[list[int], list[int], list[float]]:
+    """Prompt ids, sampled ids and logprobs as the upstream sent them."""
+    if exchange.body.get("stream"):
+        chunks = sse_json(exchange.answered)
+        prompt = next(c["prompt_token_ids"] for c in chunks if "prompt_token_ids" in c)
+        ids = [i for c in chunks for ch in c["choices"] for i in ch.get("token_ids") or ()]
+        logprobs = [
+            t["logprob"]
+            for c in chunks
+            for ch in c["choices"]
+            for t in (ch.get("logprobs") or {}).get("content") or ()
+        ]
+        return prompt, ids, logprobs
+    whole = json.loads(exchange.answered)
+    choice = whole["choices"][0]
+    return (
+        whole["prompt_token_ids"],
+        choice["token_ids"],
+        [t["logprob"] for t in choice["logprobs"]["content"]],
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_httpx_agent_trains_through_the_gateway(stream: bool) -> None:
+    upstream = RecordingUpstream(calculator())
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        got = run_calculator(client, gateway.url(t), stream=stream)
+        t.reward = 1.0
+
+    # the caller's bytes are the upstream's bytes
+    assert got == [e.answered for e in upstream.exchanges]
+    # every call a trainable policy turn with the server's exact tokens, in order
+    assert [c.trainable for c in t.calls] == [True, True]
+    assert t.trainable_turns == 2
+    for call, exchange in zip(t.calls, upstream.exchanges, strict=True):
+        prompt, ids, logprobs = upstream_tokens(exchange)
+        assert call.prompt_token_ids is not None and call.prompt_token_ids.tolist() == prompt
+        choice = call.choices[0]
+        assert choice.token_ids is not None and choice.token_ids.tolist() == ids
+        assert choice.logprobs is not None and choice.logprobs.tolist() == logprobs
+        assert call.untrainable_reason(choice) is None
+        assert call.streamed is stream and call.agent == "gateway"
+    (conversation,) = t.conversations()
+    roles = [
+        item["role"] if isinstance(item, dict) else "assistant (turn)"
+        for item in conversation.items
+    ]
+    assert roles == ["user", "assistant (turn)", "tool", "assistant (turn)"]
+    first_turn = conversation.items[1]
+    assert not isinstance(first_turn, dict)
+    assert first_turn.choice.message["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": '{"a": 2, "b": 3}',
+    }
+    assert conversation.tools == TOOLS
+
+
+def test_exact_tokens_are_asked_for_without_touching_sampling() -> None:
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "max_tokens": 17,
+        "seed": 5,
+    }
+    upstream = RecordingUpstream()
+    with gateway_to(upstream) as gateway, httpx.Client() as client:
+        with at.trajectory("q-1") as t:
+            client.post(f"{gateway.url(t)}/chat/completions", json=body)
+            # the caller decided: kept as the caller said (and the turn is not trainable)
+            with pytest.warns(at.UntrainableTurnWarning, match="no logprobs"):
+                client.post(
+                    f"{gateway.url(t)}/chat/completions",
+                    json={**body, "logprobs": False, "return_token_ids": False},
+                )
+        with at.trajectory("q-2") as t2:
+            url = gateway.url(t2, request_training_data=False)
+            raw = json.dumps(body, indent=1).encode()
+            client.post(f"{url}/chat/completions", content=raw)
+
+    asked, kept, untouched = (e.body for e in upstream.exchanges)
+    assert asked == {**body, "logprobs": True, "return_token_ids": True}
+    assert kept == {**body, "logprobs": False, "return_token_ids": False}
+    assert untouched == body
+    assert t.trainable_turns == 1
+    assert t.calls[1].untrainable_reason(t.calls[1].choices[0]) == "no logprobs"
+    assert t2.calls[0].trainable and t2.trainable_turns == 0
+
+
+def test_only_the_runs_policy_model_is_trained() -> None:
+    upstream = RecordingUpstream()
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        url = gateway.url(t, model="policy", agent="solver")
+        for model in ("policy", "judge"):
+            client.post(
+                f"{url}/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            )
+    assert [(c.model, c.trainable, c.agent) for c in t.calls] == [
+        ("policy", True, "solver"),
+        ("judge", False, None),
+    ]
+    assert "logprobs" not in upstream.exchanges[1].body  # a context call is left as sent
+
+
+def test_unknown_and_ended_runs_get_404_with_a_clear_message() -> None:
+    with RecordingUpstream() as upstream, Gateway(upstream.base_url) as gateway:
+        with at.trajectory("q-1") as t:
+            url = gateway.url(t)
+            assert gateway.url(t) == url  # one run per trajectory
+        with httpx.Client() as client:
+            ended = client.post(f"{url}/chat/completions", json={})
+            unknown = client.post(f"{gateway.base_url}/runs/nope/v1/chat/completions", json={})
+            nowhere = client.get(f"{gateway.base_url}/v1/models")
+    for response in (ended, unknown):
+        assert response.status_code == 404
+        assert "no open run" in response.json()["error"]["message"]
+    assert nowhere.status_code == 404
+    assert "/runs/<run_id>/v1" in nowhere.json()["error"]["message"]
+    assert upstream.exchanges == []
+    with pytest.raises(at.ArttraceError, match="has ended"):
+        gateway_after = Gateway(upstream.base_url)
+        with gateway_after:
+            gateway_after.url(t)
+
+
+def test_models_and_other_routes_pass_through() -> None:
+    upstream = RecordingUpstream()
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        response = client.get(f"{gateway.url(t)}/models?limit=5")
+    assert response.json() == {"object": "list", "data": [{"id": "m"}]}
+    assert response.headers["x-upstream"] == "yes"
+    assert upstream.exchanges[0].path == "/v1/models"
+    assert t.calls == []
+
+
+def test_responses_calls_are_forwarded_and_kept_as_context_with_a_warning() -> None:
+    body = {"model": "policy", "input": "Say hello", "instructions": "Be brief."}
+    upstream = RecordingUpstream()
+    with (
+        gateway_to(upstream) as gateway,
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+        pytest.warns(at.UntrainableTurnWarning, match="Chat Completions"),
+    ):
+        response = client.post(f"{gateway.url(t)}/responses", json=body)
+    assert response.content == upstream.exchanges[0].answered
+    assert upstream.exchanges[0].body == body  # no Chat Completions fields added
+    (call,) = t.calls
+    assert not call.trainable
+    assert call.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hello"},
+    ]
+    assert call.choices[0].message == {"role": "assistant", "content": "Hello from Responses"}
+
+
+def test_an_upstream_error_reaches_the_caller_unchanged_and_marks_the_call() -> None:
+    def fail(headers: dict[str, str], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 503, {"error": {"message": "the engine is overloaded", "type": "overloaded"}}
+
+    upstream = RecordingUpstream(fail=fail)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        response = client.post(
+            f"{gateway.url(t)}/chat/completions",
+            json={"model": "policy", "messages": [], "stream": True},
+        )
+    assert response.status_code == 503
+    assert response.content == upstream.exchanges[0].answered
+    assert response.headers["x-upstream"] == "yes"
+    (call,) = t.calls
+    assert call.error is not None and "503" in call.error and "overloaded" in call.error
+    assert t.trainable_turns == 0
+
+
+def test_an_unreachable_upstream_is_a_502_and_marks_the_call() -> None:
+    with RecordingUpstream() as dead:
+        url = dead.base_url
+    with Gateway(url) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        response = client.post(
+            f"{gateway.url(t)}/chat/completions", json={"model": "policy", "messages": []}
+        )
+    assert response.status_code == 502
+    assert "could not be reached" in response.json()["error"]["message"]
+    (call,) = t.calls
+    assert call.error is not None and "ConnectError" in call.error
+
+
+def test_a_stream_the_upstream_cuts_is_cut_for_the_caller_and_marked_partial() -> None:
+    llm = ScriptedLLM(["one two three four five"], cut_stream_after=4)
+    upstream = RecordingUpstream(llm)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        got = b""
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            client.stream(
+                "POST", f"{gateway.url(t)}/chat/completions", json={**body, "stream": True}
+            ) as response,
+        ):
+            for piece in response.iter_raw():
+                got += piece
+    assert got == upstream.exchanges[0].answered  # everything the upstream sent, then the cut
+    (call,) = t.calls
+    assert call.partial and call.error is not None
+    assert call.untrainable_reason(call.choices[0]) == "the response was incomplete"
+
+
+def test_a_caller_that_hangs_up_mid_stream_closes_the_upstream_call() -> None:
+    llm = ScriptedLLM([" ".join(["word"] * 100)])
+    upstream = RecordingUpstream(llm, delay=0.02)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        with client.stream(
+            "POST", f"{gateway.url(t)}/chat/completions", json={**body, "stream": True}
+        ) as response:
+            pieces = response.iter_raw()
+            next(pieces)
+            next(pieces)
+        # the hang-up reaches the upstream: it stops sending long before its 200 chunks
+        exchange = upstream.exchanges[0]
+        assert exchange.hung_up is not None
+        for _ in range(200):
+            if t.call_log.in_flight == 0 and exchange.hung_up.is_set():
+                break
+            import time
+
+            time.sleep(0.01)
+        assert exchange.hung_up.is_set()
+    (call,) = t.calls
+    assert call.partial and call.error == "the caller disconnected before the response ended"
+    assert len(exchange.answer) < 100
+
+
+def test_the_gateways_token_and_the_callers_key() -> None:
+    with (
+        RecordingUpstream() as upstream,
+        Gateway(
+            upstream.base_url, token="gw-token-123", upstream_api_key="sk-upstream-456"
+        ) as gateway,
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+    ):
+        url = f"{gateway.url(t)}/chat/completions"
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        refused = client.post(url, json=body)
+        wrong = client.post(url, json=body, headers={"Authorization": "Bearer nope"})
+        as_api_key = client.post(url, json=body, headers={"Authorization": "Bearer gw-token-123"})
+        beside = client.post(
+            url,
+            json=body,
+            headers={"X-Arttrace-Token": "gw-token-123", "Authorization": "Bearer sk-caller-789"},
+        )
+    assert refused.status_code == wrong.status_code == 401
+    assert "X-Arttrace-Token" in refused.json()["error"]["message"] or "token" in refused.text
+    assert as_api_key.status_code == beside.status_code == 200
+    first, second = upstream.exchanges
+    assert first.headers["authorization"] == "Bearer sk-upstream-456"
+    assert second.headers["authorization"] == "Bearer sk-caller-789"
+    assert "x-arttrace-token" not in second.headers
+
+
+def test_keys_are_never_recorded_logged_or_exported(
+    spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = "sk-live-0123456789abcdef"
+
+    def echo_key(headers: dict[str, str], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("stream"):
+            return 401, {"error": {"message": f"Incorrect API key: {headers['authorization']}"}}
+        return None  # type: ignore[return-value]
+
+    caplog.set_level(logging.DEBUG)
+    upstream = RecordingUpstream(fail=echo_key)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        url = f"{gateway.url(t)}/chat/completions"
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        ok = client.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
+        refused = client.post(
+            url, json={**body, "stream": True}, headers={"Authorization": f"Bearer {key}"}
+        )
+    assert ok.status_code == 200 and refused.status_code == 401
+    assert key in refused.text  # the caller gets the upstream's answer unchanged
+    assert all(e.headers["authorization"] == f"Bearer {key}" for e in upstream.exchanges)
+    recorded = json.dumps(t.to_dict())
+    assert t.calls[1].error is not None and "Incorrect API key" in t.calls[1].error
+    assert key not in recorded
+    assert key not in caplog.text
+    exported = json.dumps([dict(s.attributes or {}) for s in spans.get_finished_spans()])
+    exported += json.dumps(
+        [[dict(e.attributes or {}) for e in s.events] for s in spans.get_finished_spans()]
+    )
+    assert spans.get_finished_spans() and key not in exported
+
+
+def test_gateway_lifecycle_errors() -> None:
+    gateway = Gateway("http://127.0.0.1:9/v1")
+    with pytest.raises(at.ArttraceError, match="not serving"):
+        gateway.url(at.trajectory("q"))
+    with gateway, pytest.raises(at.ArttraceError, match="twice"):
+        gateway.start()
+    with pytest.raises(at.ArttraceError, match="restart"):
+        gateway.start()
+    with pytest.raises(ValueError, match="OpenAI base URL"):
+        Gateway("127.0.0.1:8000")
+
+
+async def test_async_context_manager_and_calls_from_the_event_loop() -> None:
+    with RecordingUpstream() as upstream:
+        async with (
+            Gateway(upstream.base_url) as gateway,
+            httpx.AsyncClient() as client,
+            at.trajectory("q-1") as t,
+        ):
+            response = await client.post(
+                f"{gateway.url(at.current_trajectory())}/chat/completions",
+                json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
+            )
+    assert response.status_code == 200
+    assert t.trainable_turns == 1
