@@ -8,6 +8,7 @@ OpenAI shim, the framework hooks) subclass it; the trajectory only reads the log
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -16,13 +17,17 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ._records import LLMCall
+from ._guard import guarded
+from ._layers import is_paired
+from ._records import UNREADABLE, LLMCall
+from ._redact import error_text, exception_attributes, redact, scrub_params
 from ._warnings import warn_untrainable
 
 if TYPE_CHECKING:
     from ._trajectory import Trajectory
 
 _tracer = trace.get_tracer("arttrace")
+_log = logging.getLogger("arttrace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +44,13 @@ class Settings:
 
 
 class OpenCall:
-    """A call in flight: its record, its span, and the trajectory that will keep it."""
+    """A call in flight: its record, its span, and the trajectory that will keep it.
+
+    It ends once: the first of finish, fail, abandon or :meth:`lost` claims the ending, and the
+    record is not written after that (a response arriving after the trajectory ended changes
+    nothing). Every step runs under :func:`guarded`: a failure of arttrace's own marks the
+    record (``capture_error``) and never reaches the caller.
+    """
 
     __slots__ = ("_done", "_lock", "call", "export_tokens", "span", "trajectory")
 
@@ -52,76 +63,152 @@ class OpenCall:
         parent: trace.Span | None = None,
     ) -> None:
         self.call, self.trajectory, self.export_tokens = call, trajectory, export_tokens
+        self._done = False
+        self._lock = threading.Lock()
+        call.params = scrub_params(call.params)
+        attributes: dict[str, Any] = {}
+        with guarded("building a call's span attributes", self._mark_unreadable):
+            attributes = _request_attributes(call, trajectory, server)
         self.span = _tracer.start_span(
             f"chat {call.model}",
             context=None if parent is None else trace.set_span_in_context(parent),
             kind=SpanKind.CLIENT,
-            attributes=_request_attributes(call, trajectory, server),
+            attributes=attributes,
         )
-        self._done = False
-        self._lock = threading.Lock()
         if trajectory is not None:
             trajectory.call_log.open(self)
 
     def fail(self, error: BaseException) -> None:
         """The call raised."""
-        self.call.error = f"{type(error).__name__}: {error}"
-        self.span.record_exception(error)
+        if not self._claim():
+            return
+        with guarded("recording a failed call", self._mark_unreadable):
+            self._record_error(error)
+        self._close()
+
+    def _record_error(self, error: BaseException) -> None:
+        self.call.error = error_text(error)
+        self.span.record_exception(error, attributes=exception_attributes(error))
         self.span.set_attribute("error.type", type(error).__qualname__)
-        self.span.set_status(Status(StatusCode.ERROR, str(error)))
-        self._finish()
+        self.span.set_status(Status(StatusCode.ERROR, redact(str(error))))
 
     def abandon(self, why: str) -> None:
         """The call will not finish (the caller stopped reading, the trajectory ended)."""
-        if self._done:
+        if not self._claim():
             return
+        with guarded("recording an abandoned call", self._mark_unreadable):
+            self._record_abandoned(why)
+        self._close()
+
+    def _record_abandoned(self, why: str) -> None:
         self.call.partial = True
         self.call.error = why
-        self._finish()
+
+    def lost(self, error: BaseException) -> None:
+        """arttrace failed while recording this call (``error``, already logged): it ends now,
+        kept as context and marked, with the one warning if it was a policy turn."""
+        if not self._claim():
+            return
+        self._mark_unreadable(error)
+        self._close()
+
+    def _mark_unreadable(self, error: BaseException) -> None:
+        if self.call.capture_error is None:
+            self.call.capture_error = error_text(error)
 
     def _finish(self) -> None:
+        """End the call with what its record holds (once)."""
+        if self._claim():
+            self._close()
+
+    def _claim(self) -> bool:
+        """Whether this caller is the one that ends the call."""
         with self._lock:
             if self._done:
-                return
+                return False
             self._done = True
+            return True
+
+    def _close(self) -> None:
+        """After the claim: the span ends, the policy turn warns if it cannot be trained, the
+        log keeps the record; each step guarded, so that one failing does not stop the next."""
         call = self.call
         call.ended_at = time.time()
-        if self.span.is_recording():
-            self.span.set_attributes(_response_attributes(call, self.export_tokens))
-        self.span.end()
+        with guarded("ending a call's span", self._mark_unreadable):
+            if self.span.is_recording():
+                self.span.set_attributes(_response_attributes(call, self.export_tokens))
+        with guarded("ending a call's span"):
+            self.span.end()
         if call.trainable and not call.error:
-            self._warn_untrainable()
+            with guarded("warning about an untrainable turn"):
+                self._warn_untrainable()
         if self.trajectory is not None:
-            self.trajectory.call_log.close(self)
+            with guarded("keeping a call's record"):
+                self.trajectory.call_log.close(self)
 
     def _warn_untrainable(self) -> None:
-        for choice in self.call.choices:
-            reason = self.call.untrainable_reason(choice)
+        call = self.call
+        if call.capture_error:  # whether or not any choice was read
+            warn_untrainable(call.model, UNREADABLE)
+            return
+        for choice in call.choices:
+            reason = call.untrainable_reason(choice)
             if reason is not None:
-                warn_untrainable(self.call.model, reason)
+                warn_untrainable(call.model, reason)
                 return
 
 
 class CallLog:
-    """The calls of one run: those in flight, and the records of those that ended."""
+    """The calls of one run: those in flight, and the records of those that ended.
 
-    __slots__ = ("_lock", "_open", "records")
+    When the run ends the log is frozen (:meth:`freeze`): calls still in flight are abandoned
+    and kept as partial; a call that starts or ends later (a task the run started and did not
+    await) is not recorded, and this is logged once.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_dropped", "_frozen", "_lock", "_open", "name", "records")
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
         self._lock = threading.Lock()
         self._open: set[OpenCall] = set()
+        self._frozen = False
+        self._dropped = False
         self.records: list[LLMCall] = []
 
     def open(self, call: OpenCall) -> None:
         with self._lock:
-            self._open.add(call)
+            if not self._frozen:
+                self._open.add(call)
+                return
+        self._drop(call, "started")
 
     def close(self, call: OpenCall, *, keep: bool = True) -> None:
         """``call`` ended; its record is kept unless ``keep`` is false (it was discarded)."""
         with self._lock:
+            known = call in self._open
             self._open.discard(call)
-            if keep:
+            if keep and known:
                 self.records.append(call.call)
+        if keep and not known:
+            self._drop(call, "ended")
+
+    def _drop(self, call: OpenCall, when: str) -> None:
+        with self._lock:
+            first, self._dropped = not self._dropped, True
+        if first:
+            _log.warning(
+                "arttrace: a call to model %r %s after trajectory %r had ended, so it is not "
+                "recorded in it (its span still ends). A task or thread the run started "
+                "outlived its `with` block: await it inside the block.",
+                call.call.model,
+                when,
+                self.name,
+            )
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
 
     @property
     def in_flight(self) -> int:
@@ -135,10 +222,19 @@ class CallLog:
         for call in pending:
             call.abandon(why)
 
-    def has_later(self, source: str, seq: int) -> bool:
-        """Whether a call recorded by ``source`` started after call number ``seq``."""
+    def freeze(self, why: str) -> None:
+        """The run ended: abandon the calls in flight (``why``), then accept no more records."""
+        self.abandon_open(why)
         with self._lock:
-            return any(c.source == source and c.seq > seq for c in self.records)
+            self._frozen = True
+            self._open.clear()
+
+    def shim_saw(self, call: LLMCall) -> bool:
+        """Whether the OpenAI shim recorded the same call as the framework record ``call``
+        (the layer merge pairs them)."""
+        with self._lock:
+            records = list(self.records)
+        return is_paired(call, records)
 
 
 def _request_attributes(
@@ -189,10 +285,12 @@ def _response_attributes(call: LLMCall, export_tokens: bool) -> dict[str, Any]:
     if call.response_model:
         attrs["gen_ai.response.model"] = call.response_model
     usage = call.usage or {}
-    if "prompt_tokens" in usage:
-        attrs["gen_ai.usage.input_tokens"] = usage["prompt_tokens"]
-    if "completion_tokens" in usage:
-        attrs["gen_ai.usage.output_tokens"] = usage["completion_tokens"]
+    for key, name in (
+        ("prompt_tokens", "gen_ai.usage.input_tokens"),
+        ("completion_tokens", "gen_ai.usage.output_tokens"),
+    ):
+        if isinstance(usage.get(key), int):
+            attrs[name] = usage[key]
     if export_tokens:
         if call.prompt_token_ids is not None:
             attrs["arttrace.prompt_token_ids"] = call.prompt_token_ids.tolist()

@@ -13,13 +13,17 @@ from openai.types.chat.chat_completion import Choice
 
 from . import _context
 from ._calls import OpenCall, Settings
+from ._guard import guarded
 from ._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ._redact import remember_client
 
 if TYPE_CHECKING:
     from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob
 
 _NOT_PARAMS = frozenset({"messages", "tools", "extra_headers", "extra_query", "timeout", "model"})
 _SENTINELS = (openai.NotGiven, openai.Omit)
+_MAX_ID = 2**63 - 1
+"""Token ids are kept in ``array("q")``."""
 
 
 def message_dict(message: Any) -> dict[str, Any]:
@@ -50,7 +54,13 @@ def with_training_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 class Capture(OpenCall):
-    """One Chat Completions call through the OpenAI SDK."""
+    """One Chat Completions call through the OpenAI SDK.
+
+    The response is read strictly: a shape the SDK lets through but a training record cannot
+    hold (``message: null``, a token id beyond 64 bits, a null logprob, ...) raises
+    :class:`Unreadable`, and the caller's entry points (:mod:`._openai`) turn any failure here
+    into :meth:`lost`: the call is kept as context, marked, and the caller sees nothing.
+    """
 
     __slots__ = ("_choices", "kwargs")
 
@@ -65,6 +75,7 @@ class Capture(OpenCall):
             if value is not None and _given(value) and not isinstance(value, list | tuple):
                 kwargs = {**kwargs, name: list(value)}
         self.kwargs = kwargs
+        remember_client(server, [kwargs.get("extra_headers")])
         tools = kwargs.get("tools") if _given(kwargs.get("tools")) else None
         call = LLMCall(
             model=model,
@@ -83,13 +94,11 @@ class Capture(OpenCall):
     # -- whole responses -------------------------------------------------------------------
 
     def complete(self, completion: ChatCompletion) -> None:
-        call = self.call
-        extra = completion.model_extra or {}
-        call.prompt_token_ids = _ids(extra.get("prompt_token_ids"))
-        call.response_id, call.response_model = completion.id, completion.model
-        call.usage = completion.usage.model_dump(exclude_none=True) if completion.usage else None
-        call.choices = [_choice_record(c) for c in completion.choices]
-        self._finish()
+        if not self._claim():
+            return  # ended already (abandoned when its trajectory ended): the record stays
+        with guarded("reading a Chat Completions response", self._mark_unreadable):
+            _read_completion(self.call, completion)
+        self._close()
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -98,21 +107,25 @@ class Capture(OpenCall):
             return
         call = self.call
         if call.response_id is None:
-            call.response_id, call.response_model = chunk.id, chunk.model
+            call.response_id, call.response_model = _name(chunk.id), _name(chunk.model)
         extra = chunk.__pydantic_extra__
         if extra and call.prompt_token_ids is None and "prompt_token_ids" in extra:
-            call.prompt_token_ids = _ids(extra["prompt_token_ids"])
+            call.prompt_token_ids = _ids(extra["prompt_token_ids"], "prompt_token_ids")
         if chunk.usage is not None:
-            call.usage = chunk.usage.model_dump(exclude_none=True)
-        for choice in chunk.choices:
-            acc = self._choices.get(choice.index)
+            call.usage = _usage(chunk.usage)
+        for choice in _list(chunk.choices, "choices"):
+            index = _index(choice)
+            acc = self._choices.get(index)
             if acc is None:
-                acc = self._choices[choice.index] = _StreamedChoice(choice.index)
+                acc = self._choices[index] = _StreamedChoice(index)
             acc.add(choice)
 
     def end_stream(self) -> None:
-        self.call.choices = self._streamed_choices()
-        self._finish()
+        if not self._claim():
+            return
+        with guarded("reassembling a stream", self._mark_unreadable):
+            self.call.choices = self._streamed_choices()
+        self._close()
 
     def _streamed_choices(self) -> list[ChoiceRecord]:
         return [self._choices[i].record() for i in sorted(self._choices)]
@@ -121,15 +134,44 @@ class Capture(OpenCall):
 
     def fail(self, error: BaseException, *, partial: bool = False) -> None:
         """The call raised (``partial``: after part of the response had arrived)."""
-        if partial:
-            self.call.choices = self._streamed_choices()
-        self.call.partial = partial
-        super().fail(error)
+        if not self._claim():
+            return
+        with guarded("recording a failed call", self._mark_unreadable):
+            self.call.partial = partial
+            if partial:
+                self.call.choices = self._streamed_choices()
+            self._record_error(error)
+        self._close()
 
-    def abandon(self, why: str) -> None:
-        if not self._done:
-            self.call.choices = self._streamed_choices()
-        super().abandon(why)
+    def _record_abandoned(self, why: str) -> None:
+        self.call.choices = self._streamed_choices()
+        super()._record_abandoned(why)
+
+    def lost(self, error: BaseException) -> None:
+        if not self._claim():
+            return
+        self._mark_unreadable(error)
+        if self.call.streamed:  # keep what arrived, as context
+            with guarded("keeping a stream's choices"):
+                self.call.choices = self._streamed_choices()
+        self._close()
+
+
+class Unreadable(ValueError):
+    """A response field has a shape a record cannot hold."""
+
+
+def _read_completion(call: LLMCall, completion: ChatCompletion) -> None:
+    """Fill ``call`` from a whole response: the messages first, so that they stay as context
+    if the tokens cannot be read."""
+    choices = _list(completion.choices, "choices")
+    call.response_id, call.response_model = _name(completion.id), _name(completion.model)
+    call.choices = [_choice_message(c) for c in choices]
+    for record, choice in zip(call.choices, choices, strict=True):
+        _read_tokens(record, choice)
+    extra = completion.model_extra or {}
+    call.prompt_token_ids = _ids(extra.get("prompt_token_ids"), "prompt_token_ids")
+    call.usage = None if completion.usage is None else _usage(completion.usage)
 
 
 class _StreamedChoice:
@@ -162,24 +204,16 @@ class _StreamedChoice:
 
     def add(self, choice: Any) -> None:
         delta = choice.delta
-        if delta.content:
-            self.content.append(delta.content)
-        if delta.refusal:
-            self.refusal.append(delta.refusal)
+        content, refusal = _str(delta.content, "content"), _str(delta.refusal, "refusal")
+        if content:
+            self.content.append(content)
+        if refusal:
+            self.refusal.append(refusal)
         if delta.tool_calls:
-            for tc in delta.tool_calls:
-                slot = self.tool_calls.get(tc.index)
-                if slot is None:
-                    slot = self.tool_calls[tc.index] = {"id": None, "name": [], "arguments": []}
-                if tc.id:
-                    slot["id"] = tc.id
-                if tc.function is not None:
-                    if tc.function.name:
-                        slot["name"].append(tc.function.name)
-                    if tc.function.arguments:
-                        slot["arguments"].append(tc.function.arguments)
+            for tc in _list(delta.tool_calls, "tool_calls"):
+                self._add_tool_call(tc)
         extra = choice.__pydantic_extra__
-        ids = extra.get("token_ids") if extra else None
+        ids = _ids(extra.get("token_ids"), "token_ids") if extra else None
         if ids:
             if self.token_ids is None:
                 self.token_ids = array("q")
@@ -187,14 +221,31 @@ class _StreamedChoice:
         logprobs = choice.logprobs
         if logprobs is not None and logprobs.content is not None:
             self.saw_logprobs = True
-            for token in logprobs.content:
-                self.logprobs.append(token.logprob)
+            for token in _list(logprobs.content, "logprobs.content"):
+                self.logprobs.append(_logprob(token))
                 if not ids:  # the token strings matter only when the ids are not sent
-                    self.tokens.append(token.token)
+                    self.tokens.append(_token(token))
                 if token.top_logprobs:
                     self.top.append(_top(token))
-        if choice.finish_reason:
-            self.finish_reason = choice.finish_reason
+        finish_reason = _str(choice.finish_reason, "finish_reason")
+        if finish_reason:
+            self.finish_reason = finish_reason
+
+    def _add_tool_call(self, tc: Any) -> None:
+        index = _index(tc)
+        slot = self.tool_calls.get(index)
+        if slot is None:
+            slot = self.tool_calls[index] = {"id": None, "name": [], "arguments": []}
+        tool_call_id = _str(tc.id, "tool call id")
+        if tool_call_id:
+            slot["id"] = tool_call_id
+        if tc.function is not None:
+            name = _str(tc.function.name, "tool name")
+            arguments = _str(tc.function.arguments, "tool arguments")
+            if name:
+                slot["name"].append(name)
+            if arguments:
+                slot["arguments"].append(arguments)
 
     def record(self) -> ChoiceRecord:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
@@ -221,7 +272,8 @@ class _StreamedChoice:
 
 
 def _top(token: ChatCompletionTokenLogprob) -> list[dict[str, Any]]:
-    return [{"token": t.token, "logprob": t.logprob} for t in token.top_logprobs or ()]
+    alternatives = _list(token.top_logprobs or [], "top_logprobs")
+    return [{"token": _token(t), "logprob": _logprob(t)} for t in alternatives]
 
 
 def _set_tokens(record: ChoiceRecord, tokens: list[str], top: list[list[dict[str, Any]]]) -> None:
@@ -234,25 +286,95 @@ def _set_tokens(record: ChoiceRecord, tokens: list[str], top: list[list[dict[str
         record.top_logprobs = top
 
 
-def _ids(raw: Any) -> array[int] | None:
-    return None if raw is None else array("q", raw)
-
-
-def _choice_record(choice: Choice) -> ChoiceRecord:
+def _choice_message(choice: Choice) -> ChoiceRecord:
     m = choice.message
-    message: dict[str, Any] = {"role": "assistant", "content": m.content}
-    if m.refusal:
-        message["refusal"] = m.refusal
+    if m is None or isinstance(m, str | Mapping):
+        raise Unreadable(f"choice message is {type(m).__name__}")
+    message: dict[str, Any] = {"role": "assistant", "content": _str(m.content, "content")}
+    refusal = _str(m.refusal, "refusal")
+    if refusal:
+        message["refusal"] = refusal
     if m.tool_calls:
-        message["tool_calls"] = [tc.model_dump(exclude_none=True) for tc in m.tool_calls]
-    record = ChoiceRecord(index=choice.index, message=message, finish_reason=choice.finish_reason)
+        message["tool_calls"] = [_tool_call(tc) for tc in _list(m.tool_calls, "tool_calls")]
+    return ChoiceRecord(
+        index=_index(choice),
+        message=message,
+        finish_reason=_str(choice.finish_reason, "finish_reason"),
+    )
+
+
+def _tool_call(tool_call: Any) -> dict[str, Any]:
+    function = getattr(tool_call, "function", None)
+    name = getattr(function, "name", None)
+    arguments = getattr(function, "arguments", None)
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise Unreadable("a tool call without a function name and arguments")
+    return {
+        "id": _str(getattr(tool_call, "id", None), "tool call id"),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def _read_tokens(record: ChoiceRecord, choice: Choice) -> None:
     extra = choice.model_extra
-    record.token_ids = _ids(extra.get("token_ids")) if extra else None
+    record.token_ids = _ids(extra.get("token_ids"), "token_ids") if extra else None
     logprobs = choice.logprobs
     if logprobs is not None and logprobs.content is not None:
-        content = logprobs.content
-        record.logprobs = array("d", [t.logprob for t in content])
-        tokens = [t.token for t in content] if record.token_ids is None else []
+        content = _list(logprobs.content, "logprobs.content")
+        record.logprobs = array("d", [_logprob(t) for t in content])
+        tokens = [_token(t) for t in content] if record.token_ids is None else []
         top = [_top(t) for t in content] if content and content[0].top_logprobs else []
         _set_tokens(record, tokens, top)
-    return record
+
+
+def _ids(raw: Any, what: str) -> array[int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(
+        type(i) is int and 0 <= i <= _MAX_ID for i in raw
+    ):
+        raise Unreadable(f"{what} is not a list of token ids (64-bit integers >= 0)")
+    return array("q", raw)
+
+
+def _logprob(token: Any) -> float:
+    value = getattr(token, "logprob", None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Unreadable(f"a logprob is {type(value).__name__}, not a number")
+    return float(value)
+
+
+def _token(token: Any) -> str:
+    return _str(getattr(token, "token", None), "logprob token") or ""
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise Unreadable(f"{what} is {type(value).__name__}, not a list")
+    return value
+
+
+def _index(choice: Any) -> int:
+    index = getattr(choice, "index", None)
+    if type(index) is not int:
+        raise Unreadable(f"a choice index is {type(index).__name__}, not an integer")
+    return index
+
+
+def _str(value: Any, what: str = "a field") -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise Unreadable(f"{what} is {type(value).__name__}, not a string")
+    return value
+
+
+def _name(value: Any) -> str | None:
+    """An id or model name: any value the server sent, as text."""
+    return None if value is None else str(value)
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    dump = getattr(usage, "model_dump", None)
+    if dump is None:
+        raise Unreadable(f"usage is {type(usage).__name__}, not an object")
+    return dict(dump(exclude_none=True))

@@ -22,9 +22,27 @@ from ._records import LLMCall
 def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:
     """``calls`` in start order, each framework record folded into its shim record."""
     ordered = sorted(calls, key=lambda c: c.seq)
+    pairs = _pairs(ordered)
+    for framework_call, match in pairs:
+        match.framework = framework_call.source
+        match.step = match.step or framework_call.step
+        match.trainable = match.trainable or framework_call.trainable
+        match.agent = match.agent or framework_call.agent
+    dropped = {framework_call.seq for framework_call, _ in pairs}
+    return [c for c in ordered if c.seq not in dropped]
+
+
+def is_paired(framework_call: LLMCall, records: Iterable[LLMCall]) -> bool:
+    """Whether the merge would fold ``framework_call`` into a shim record among ``records``."""
+    ordered = sorted([*records, framework_call], key=lambda c: c.seq)
+    return any(f is framework_call for f, _ in _pairs(ordered))
+
+
+def _pairs(ordered: list[LLMCall]) -> list[tuple[LLMCall, LLMCall]]:
+    """(framework record, shim record) of each call both layers saw, ``ordered`` by start."""
     sdk = [c for c in ordered if c.source == "openai"]
     claimed: set[int] = set()
-    dropped: set[int] = set()
+    pairs = []
     for framework_call in (c for c in ordered if c.source != "openai"):
         match = next(
             (
@@ -37,15 +55,10 @@ def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:
             ),
             None,
         )
-        if match is None:
-            continue
-        claimed.add(match.seq)
-        dropped.add(framework_call.seq)
-        match.framework = framework_call.source
-        match.step = match.step or framework_call.step
-        match.trainable = match.trainable or framework_call.trainable
-        match.agent = match.agent or framework_call.agent
-    return [c for c in ordered if c.seq not in dropped]
+        if match is not None:
+            claimed.add(match.seq)
+            pairs.append((framework_call, match))
+    return pairs
 
 
 def same_response(framework_call: LLMCall, sdk_call: LLMCall) -> bool:

@@ -4,7 +4,6 @@ not, ``with_raw_response``, and the ``stream()`` helper, which calls ``create``)
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,9 +16,9 @@ from openai.types.chat import ChatCompletion
 from . import _context
 from ._calls import Settings
 from ._chat import Capture
+from ._guard import guarded
 from ._unwrap import mark, ours, unwrap
 
-_log = logging.getLogger("arttrace")
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
 _ABANDONED = "the stream was closed before its end"
 _METHODS = ("create", "parse")
@@ -66,7 +65,7 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
         try:
             result = wrapped(*args, **capture.kwargs)
         except BaseException as error:
-            capture.fail(error, partial=False)
+            _failed(capture, error, partial=False)
             raise
         finally:
             _context.capturing.reset(token)
@@ -77,7 +76,7 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
         try:
             result = await wrapped(*args, **capture.kwargs)
         except BaseException as error:
-            capture.fail(error, partial=False)
+            _failed(capture, error, partial=False)
             raise
         finally:
             _context.capturing.reset(token)
@@ -95,39 +94,56 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
 def _start(
     settings: Callable[[], Settings | None], instance: Any, kwargs: dict[str, Any]
 ) -> Capture | None:
-    """A capture for this call, or ``None`` to let it pass untouched."""
-    current = settings()
-    if current is None or _context.capturing.get():
-        return None
-    if not _context.recording():
-        return None  # nothing would keep the record, nothing would export the span
-    try:
+    """A capture for this call, or ``None`` to let it pass untouched (also when arttrace
+    fails to start one: the call runs uncaptured and the failure is logged)."""
+    with guarded("starting the capture of a Chat Completions call"):
+        current = settings()
+        if current is None or _context.capturing.get():
+            return None
+        if not _context.recording():
+            return None  # nothing would keep the record, nothing would export the span
         return Capture(kwargs, current, getattr(instance, "_client", None))
-    except Exception:  # never let capture break the caller's request
-        _log.exception("arttrace could not capture a Chat Completions call; it runs uncaptured")
-        return None
+    return None
+
+
+# Every step of a capture on the caller's path runs guarded: a failure marks the call (lost)
+# and the caller gets its result, chunk or exception exactly as without arttrace.
 
 
 def _observe(capture: Capture, result: Any) -> Any:
     """Return ``result`` as the caller expects it, with the capture watching it."""
-    if isinstance(result, ChatCompletion):
-        capture.complete(result)
-        return result
-    if isinstance(result, openai.Stream):
-        return _Stream(result, capture)
-    if isinstance(result, openai.AsyncStream):
-        return _AsyncStream(result, capture)
-    if isinstance(result, LegacyAPIResponse):
-        return _RawResponse(result, capture)
-    capture.abandon(f"unrecognised response type {type(result).__name__}")
+    with guarded("reading a Chat Completions response", capture.lost):
+        if isinstance(result, ChatCompletion):
+            capture.complete(result)
+            return result
+        if isinstance(result, openai.Stream):
+            return _Stream(result, capture)
+        if isinstance(result, openai.AsyncStream):
+            return _AsyncStream(result, capture)
+        if isinstance(result, LegacyAPIResponse):
+            return _RawResponse(result, capture)
+        capture.abandon(f"unrecognised response type {type(result).__name__}")
     return result
 
 
-def _guarded(capture: Capture, chunk: Any) -> None:
-    try:
+def _failed(capture: Capture, error: BaseException, *, partial: bool) -> None:
+    with guarded("recording a failed call", capture.lost):
+        capture.fail(error, partial=partial)
+
+
+def _add(capture: Capture, chunk: Any) -> None:
+    with guarded("reading a stream chunk", capture.lost):
         capture.add_chunk(chunk)
-    except Exception as error:  # a capture bug must never break the caller's stream
-        capture.abandon(f"arttrace could not read a chunk: {error!r}")
+
+
+def _ended(capture: Capture) -> None:
+    with guarded("ending a stream", capture.lost):
+        capture.end_stream()
+
+
+def _closed(capture: Capture) -> None:
+    with guarded("closing a stream", capture.lost):
+        capture.abandon(_ABANDONED)
 
 
 class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
@@ -144,12 +160,12 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         try:
             chunk = self.__wrapped__.__next__()
         except StopIteration:
-            self._self_capture.end_stream()
+            _ended(self._self_capture)
             raise
         except Exception as error:
-            self._self_capture.fail(error, partial=True)
+            _failed(self._self_capture, error, partial=True)
             raise
-        _guarded(self._self_capture, chunk)
+        _add(self._self_capture, chunk)
         return chunk
 
     def __enter__(self) -> _Stream:
@@ -160,13 +176,13 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         try:
             return self.__wrapped__.__exit__(*exc)
         finally:
-            self._self_capture.abandon(_ABANDONED)
+            _closed(self._self_capture)
 
     def close(self) -> None:
         try:
             self.__wrapped__.close()
         finally:
-            self._self_capture.abandon(_ABANDONED)
+            _closed(self._self_capture)
 
 
 class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
@@ -183,12 +199,12 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         try:
             chunk = await self.__wrapped__.__anext__()
         except StopAsyncIteration:
-            self._self_capture.end_stream()
+            _ended(self._self_capture)
             raise
         except Exception as error:
-            self._self_capture.fail(error, partial=True)
+            _failed(self._self_capture, error, partial=True)
             raise
-        _guarded(self._self_capture, chunk)
+        _add(self._self_capture, chunk)
         return chunk
 
     async def __aenter__(self) -> _AsyncStream:
@@ -199,13 +215,13 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         try:
             return await self.__wrapped__.__aexit__(*exc)
         finally:
-            self._self_capture.abandon(_ABANDONED)
+            _closed(self._self_capture)
 
     async def close(self) -> None:
         try:
             await self.__wrapped__.close()
         finally:
-            self._self_capture.abandon(_ABANDONED)
+            _closed(self._self_capture)
 
 
 class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
@@ -217,9 +233,11 @@ class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
         self._self_stream: Any = None
         if not capture.call.streamed:
             try:  # parse() is cached by the SDK: the caller's own parse() gets this same object
-                capture.complete(response.parse())
-            except Exception as error:
-                capture.fail(error, partial=True)
+                completion = response.parse()
+            except Exception as error:  # the caller's own parse() will raise it
+                _failed(capture, error, partial=True)
+            else:
+                _observe(capture, completion)
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         result = self.__wrapped__.parse(*args, **kwargs)

@@ -12,6 +12,8 @@ from typing import Any
 
 _TOKEN_ID_PREFIX = "token_id:"
 _sequence = itertools.count()
+UNREADABLE = "arttrace could not read the response"
+"""The untrainable reason of a call arttrace failed to record whole (its own failure)."""
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 """The finish reasons an OpenAI ``Choice`` (hence a trainable ART turn) can carry."""
 
@@ -22,7 +24,7 @@ def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
         return None
     try:
         return array("q", [int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens])
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
@@ -94,6 +96,9 @@ class LLMCall:
     partial: bool = False
     """The response did not arrive whole (stream cut, abandoned, or malformed)."""
     error: str | None = None
+    capture_error: str | None = None
+    """Why arttrace could not record this call whole (a response it could not read, or its
+    own failure); such a call is context, never trained on."""
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     seq: int = field(default_factory=lambda: next(_sequence))
@@ -104,6 +109,8 @@ class LLMCall:
 
     def untrainable_reason(self, choice: ChoiceRecord) -> str | None:
         """Why ``choice`` cannot be trained on, or ``None`` when ART accepts it."""
+        if self.capture_error:
+            return UNREADABLE
         if self.partial or self.error:
             return "the response was incomplete"
         if choice.logprobs is None:
@@ -137,6 +144,7 @@ class LLMCall:
             "step": self.step,
             "partial": self.partial,
             "error": self.error,
+            "capture_error": self.capture_error,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
         }

@@ -14,6 +14,7 @@ from opentelemetry.trace import Span
 
 from . import _context
 from ._context import TrainableScope
+from ._redact import exception_attributes
 
 F = TypeVar("F", bound=Callable[..., Any])
 _tracer = trace.get_tracer("arttrace")
@@ -69,7 +70,7 @@ def _span(scope: TrainableScope) -> Iterator[Span]:
     try:
         yield span
     except BaseException as error:
-        span.record_exception(error)
+        span.record_exception(error, attributes=exception_attributes(error))
         raise
     finally:
         span.end()

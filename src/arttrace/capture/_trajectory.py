@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-import traceback
 from contextvars import Token
 from pathlib import Path
 from types import TracebackType
@@ -18,8 +18,10 @@ from .._errors import ConfigurationError, UsageError
 from . import _context
 from ._calls import CallLog
 from ._conversations import Conversation, assemble
+from ._guard import guarded
 from ._layers import merge_layers
 from ._records import LLMCall
+from ._redact import exception_attributes
 
 if TYPE_CHECKING:
     import art
@@ -45,7 +47,7 @@ class Trajectory:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self._reward: float | None = None
-        self.call_log = CallLog()
+        self.call_log = CallLog(self.example_id)
         """The calls in flight and ended; read them through :attr:`calls`."""
         self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
 
@@ -84,14 +86,16 @@ class Trajectory:
         assert self._scope is not None, "trajectory exited without being entered"
         token, otel_token, span = self._scope
         self._scope = None
-        self.call_log.abandon_open("the trajectory ended before the call finished")
+        with guarded("ending a trajectory's calls"):
+            self.call_log.freeze("the trajectory ended before the call finished")
         if exc is not None:
+            text = exception_attributes(exc)
             self.exception = {
                 "type": type(exc).__qualname__,
-                "message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc)),
+                "message": text["exception.message"],
+                "traceback": text["exception.stacktrace"],
             }
-            span.record_exception(exc)
+            span.record_exception(exc, attributes=text)
         if self._reward is not None:
             span.set_attribute("arttrace.reward", self._reward)
         span.end()
@@ -180,8 +184,13 @@ class Trajectory:
         return t
 
     def save(self, path: str | Path) -> None:
-        """Write this run as JSON; :meth:`load` gives it back, trainable turns and all."""
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """Write this run as JSON; :meth:`load` gives it back, trainable turns and all.
+
+        A new file is readable by its owner only (it holds prompts and answers)."""
+        data = json.dumps(self.to_dict()).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as file:
+            file.write(data)
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
 import warnings
 
+from ._records import UNREADABLE
+
+_log = logging.getLogger("arttrace")
 _ARTTRACE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LAYERS = ("openai", "wrapt")
 """Packages between the caller and the shim, skipped so the warning points at the caller."""
@@ -26,6 +30,11 @@ _FIXES = {
         "The server's token ids and logprobs disagree; check the vLLM version and that no "
         "proxy rewrites the response."
     ),
+    UNREADABLE: (
+        "The server's response had a shape arttrace could not read (the error is logged); "
+        "the caller got it unchanged. Check the server or proxy; please report it if the "
+        "response was valid."
+    ),
     "the response was incomplete": "The stream was cut or abandoned; the partial call is marked.",
     "no finish reason": "The server sent no finish_reason; the turn cannot become an ART Choice.",
     "generation aborted": (
@@ -44,17 +53,22 @@ _lock = threading.Lock()
 
 
 def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
-    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``."""
+    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``.
+
+    A warning filter that turns the warning into an error (``-W error``) must not make it the
+    caller's exception: then the text is logged instead."""
     with _lock:
         if (model, reason) in _seen:
             return
         _seen.add((model, reason))
-    warnings.warn(
+    message = (
         f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
-        f"is kept as context only. {fix or _FIXES.get(reason, '')}",
-        UntrainableTurnWarning,
-        skip_file_prefixes=_internal(),
+        f"is kept as context only. {fix or _FIXES.get(reason, '')}"
     )
+    try:
+        warnings.warn(message, UntrainableTurnWarning, skip_file_prefixes=_internal())
+    except Exception:
+        _log.warning("%s (logged: the warning filter turned the warning into an error)", message)
 
 
 def _internal() -> tuple[str, ...]:

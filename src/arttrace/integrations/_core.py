@@ -106,7 +106,7 @@ class FrameworkCall(OpenCall):
     def _seen_by_shim(self) -> bool:
         if self.trajectory is None:
             return False
-        return self.trajectory.call_log.has_later("openai", self.call.seq)
+        return self.trajectory.call_log.shim_saw(self.call)
 
 
 def choice_record(
