@@ -1,26 +1,97 @@
-"""The ``arttrace`` command."""
+"""The ``arttrace`` command: one subcommand per job, each registered by a function below.
+
+To add a command, write ``_add_<name>(commands)`` that calls :func:`_command` and sets
+``run`` (a function of the parsed arguments and the parser, returning the exit code), and
+list it in ``_COMMANDS``. Help texts are plain text; every option with a default shows it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+
+from .. import __version__
+
+_DESCRIPTION = (
+    "arttrace captures what an existing LLM agent does and trains its model with "
+    "reinforcement learning on OpenPipe ART. Documentation: the docs/ folder (mkdocs serve)."
+)
+type _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default shown after its help."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="arttrace", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
-        "demo",
-        help="train a plain OpenAI agent for a few GRPO steps against the scripted server, "
-        "shipping to a dry-run backend",
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace, argparse.ArgumentParser], int] = args.run
+    return run(args, parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="arttrace",
+        description=_DESCRIPTION,
+        epilog="Run 'arttrace COMMAND --help' for a command's options.",
+        formatter_class=_Formatter,
     )
-    demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output directory")
-    demo.add_argument("--examples", type=int, default=4, help="questions to ask")
+    parser.add_argument(
+        "--version", action="version", version=f"arttrace {__version__}", help="print the version"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _COMMANDS:
+        add(commands)
+    return parser
+
+
+def _command(
+    commands: _Subcommands, name: str, summary: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand with the shared formatter: ``summary`` in ``arttrace --help``,
+    ``description`` in ``arttrace <name> --help``."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=summary, description=description, formatter_class=_Formatter
+    )
+    return parser
+
+
+# -- arttrace demo -------------------------------------------------------------------------
+
+
+def _add_demo(commands: _Subcommands) -> None:
+    demo = _command(
+        commands,
+        "demo",
+        "train a plain OpenAI agent for a few GRPO steps, offline",
+        "Train a calculator agent (plain OpenAI SDK code, one tool) for a few GRPO steps "
+        "against arttrace's scripted vLLM-compatible server on 127.0.0.1, shipping each step "
+        "to DryRunBackend, which writes what ART would train on. Needs no GPU and no network.",
+    )
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/demo"),
+        help="output folder: metrics, reward plot, journal of every run, dry-run groups "
+        "(an earlier demo there is replaced; any other non-empty folder is refused)",
+    )
+    demo.add_argument("--examples", type=int, default=4, help="questions (one group each)")
     demo.add_argument("--rollouts", type=int, default=4, help="runs per question (group size)")
     demo.add_argument("--steps", type=int, default=2, help="GRPO steps")
-    demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the questions, the scripted model's mistakes and the Trainer's shuffle: "
+        "the same seed gives the same run",
+    )
+    demo.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if min(args.examples, args.rollouts, args.steps) < 1:
         parser.error("--examples, --rollouts and --steps must be at least 1")
 
@@ -42,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         f"  every run: {args.out / 'journal'}  what ART would train on: {args.out / 'dry_run'}"
     )
     return 0
+
+
+_COMMANDS: list[Callable[[_Subcommands], None]] = [_add_demo]
+"""Each adds one subcommand; ``arttrace --help`` lists them in this order."""
 
 
 if __name__ == "__main__":

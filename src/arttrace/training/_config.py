@@ -28,6 +28,7 @@ class TrainerConfig:
     seed: int = 0
     train_retries: int = 3
     retry_delay: float = 1.0
+    train_timeout: float | None = None
     log_to_model: bool = True
     progress: bool = True
     train_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -37,6 +38,11 @@ class TrainerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
+        if self.train_timeout is not None and not self.train_timeout > 0:
+            raise ConfigurationError(
+                f"train_timeout must be a positive number of seconds or None (no limit), "
+                f"got {self.train_timeout!r}"
+            )
         if self.group_size < 2:
             _log.warning("group_size=1: a group of one run has no reward spread to learn from")
 

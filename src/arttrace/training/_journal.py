@@ -276,14 +276,16 @@ class Journal:
         self.root = output_dir / "journal"
         self.state_path = output_dir / "state.json"
         self.lock = RunLock(output_dir)
+        self.settings: dict[str, Any] | None = None
+        """The run's settings (``_resume.run_settings``), saved with every state."""
         self._file: tuple[int, int] | None = None
         """(step, descriptor) of the rollouts file open for appending."""
 
-    def _step_dir(self, step: int) -> Path:
+    def step_dir(self, step: int) -> Path:
         return self.root / f"step-{step:05d}"
 
     def rollouts_path(self, step: int) -> Path:
-        return self._step_dir(step) / "rollouts.jsonl"
+        return self.step_dir(step) / "rollouts.jsonl"
 
     # -- rollouts
 
@@ -307,7 +309,7 @@ class Journal:
     def finished(self, step: int) -> dict[Slot, Trajectory]:
         """The rollouts of ``step`` already on disk (and its folder, made ready for more)."""
         self.close()
-        for directory in (self.output_dir, self.root, self._step_dir(step)):
+        for directory in (self.output_dir, self.root, self.step_dir(step)):
             private_dir(directory)
         path = self.rollouts_path(step)
         out: dict[Slot, Trajectory] = {}
@@ -334,7 +336,7 @@ class Journal:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        for directory in (self._step_dir(step), self.root, self.output_dir):
+        for directory in (self.step_dir(step), self.root, self.output_dir):
             _sync_dir(directory)
 
     # -- shipping, exactly once
@@ -342,29 +344,29 @@ class Journal:
     def begin_shipping(self, step: int, backend_step: int | None) -> None:
         """Record, durably, that ``step`` is about to ship and the backend's step before."""
         self.sync(step)
-        path = self._step_dir(step) / "shipping.json"
+        path = self.step_dir(step) / "shipping.json"
         write_json(path, {"backend_step": backend_step, "failed": None}, sync=True)
 
     def shipping_failed(self, step: int, cause: str) -> None:
         """Record that the last ``backend.train`` call for ``step`` failed (it may ship again)."""
-        path = self._step_dir(step) / "shipping.json"
+        path = self.step_dir(step) / "shipping.json"
         write_json(path, {**(read_json(path) or {}), "failed": cause}, sync=True)
 
     def shipping(self, step: int) -> dict[str, Any] | None:
         """What :meth:`begin_shipping` recorded (``None`` if the step never began shipping):
         ``backend_step`` before training (``None`` if the backend could not say) and
         ``failed``, the cause if the last call failed (``None`` if it never returned)."""
-        record = read_json(self._step_dir(step) / "shipping.json")
+        record = read_json(self.step_dir(step) / "shipping.json")
         return record if isinstance(record, dict) else None
 
     def mark_shipped(self, step: int, summary: dict[str, Any]) -> None:
-        write_json(private_dir(self._step_dir(step)) / "shipped.json", summary, sync=True)
+        write_json(private_dir(self.step_dir(step)) / "shipped.json", summary, sync=True)
 
     def shipped(self, step: int) -> bool:
-        return (self._step_dir(step) / "shipped.json").exists()
+        return (self.step_dir(step) / "shipped.json").exists()
 
     def shipped_summary(self, step: int) -> dict[str, Any] | None:
-        record = read_json(self._step_dir(step) / "shipped.json")
+        record = read_json(self.step_dir(step) / "shipped.json")
         return record if isinstance(record, dict) else None
 
     # -- state
@@ -376,4 +378,6 @@ class Journal:
         return state or {}
 
     def save_state(self, state: dict[str, Any]) -> None:
+        if self.settings is not None:
+            state = {**state, "settings": self.settings}
         write_json(private_dir(self.output_dir) / "state.json", state, sync=True)

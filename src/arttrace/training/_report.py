@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -13,6 +12,7 @@ from typing import Any
 import art
 from tqdm.auto import tqdm
 
+from ._journal import append_line, private_dir, read_lines
 from ._plot import reward_plot
 
 _log = logging.getLogger("arttrace")
@@ -69,13 +69,12 @@ class Reporter:
         return Progress(f"{split} step {step}", pending, done, enabled=self.progress)
 
     def append(self, name: str, record: dict[str, Any]) -> None:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        with (self.output_dir / name).open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        """One line in ``name``, synced (a torn last line left by a crash is cut off first)."""
+        append_line(private_dir(self.output_dir) / name, record)
 
     def read(self, name: str) -> list[dict[str, Any]]:
-        path = self.output_dir / name
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        """The records of ``name``; a damaged line is a ``JournalError`` naming it."""
+        return [record for _, record in read_lines(self.output_dir / name)]
 
     async def report(self, metrics: dict[str, float], step: int, split: str) -> None:
         """Send the metrics to ``model.log`` (ART's history and, with ``WANDB_API_KEY`` set,

@@ -1,18 +1,75 @@
-"""Shipping a step's groups to the backend: ``backend.train``, with retries."""
+"""Shipping a step's groups to the backend, exactly once.
+
+``backend.train`` is called with a time limit (``train_timeout``) and retried, with backoff,
+only on failures that retrying can fix: the connection failed or timed out, or the server
+answered HTTP 429 or 5xx. Anything else (a ``TypeError`` from a misspelled keyword, a
+``ValueError`` about the groups) fails the step at once, with its cause.
+
+Before the first call the backend's step (``backend._get_step(model)``, part of ART's Backend
+protocol) is recorded in the journal and synced (``shipping.json``). Whenever it is unclear
+whether a call trained (a retry after a failure, or a resumed run that finds ``shipping.json``
+without ``shipped.json`` because the last run was stopped during or just after training), the
+backend is asked again: a step that moved on means the groups were trained, and they are not
+shipped again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 import art
+import httpx
+import openai
 
 from .._errors import TrainingError
 from ._config import TrainerConfig
+from ._journal import Journal
 
 _log = logging.getLogger("arttrace")
+
+_TRANSIENT = (
+    ConnectionError,  # refused, reset, broken pipe
+    TimeoutError,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,  # the server closed the connection mid-answer
+    openai.APIConnectionError,  # ART's serverless client is an OpenAI client (timeouts too)
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Worth retrying: a connection or timeout failure, or an HTTP 429 or 5xx answer; also
+    when such a failure is the explicit cause (``raise ... from``) of ``error``."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, _TRANSIENT):
+            return True
+        status = getattr(cause, "status_code", None)  # openai.APIStatusError, art.ARTError
+        if status is None:
+            status = getattr(getattr(cause, "response", None), "status_code", None)  # httpx
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+async def backend_step(
+    backend: art.Backend, model: art.TrainableModel[Any], timeout: float | None
+) -> tuple[int | None, str]:
+    """``(the backend's step for model, "")``, or ``(None, why it cannot say)``."""
+    get_step = getattr(backend, "_get_step", None)
+    if get_step is None:
+        return None, f"{type(backend).__name__} has no _get_step (ART's Backend protocol)"
+    try:
+        async with asyncio.timeout(timeout):
+            step = await get_step(model)
+    except Exception as error:
+        return None, f"_get_step raised {error!r}"
+    if isinstance(step, bool) or not isinstance(step, int):
+        return None, f"_get_step returned {step!r:.80}, not an int"
+    return step, ""
 
 
 async def ship(
@@ -21,31 +78,110 @@ async def ship(
     step: int,
     groups: list[art.TrajectoryGroup],
     config: TrainerConfig,
-    journal_root: Path,
-) -> art.TrainResult:
-    """``backend.train(model, groups, learning_rate=..., **train_kwargs)``, retried
-    ``config.train_retries`` times with exponential backoff; a :class:`TrainingError` after."""
+    journal: Journal,
+) -> art.TrainResult | None:
+    """``backend.train(model, groups, learning_rate=..., **train_kwargs)`` exactly once (see
+    the module docstring). ``None`` when the backend had already trained these groups (an
+    earlier call that failed late, or a run stopped after training them); a
+    :class:`TrainingError` when the step cannot ship (the journal keeps its rollouts)."""
+    earlier = journal.shipping(step)
+    if earlier is None:
+        before, _ = await backend_step(backend, model, config.train_timeout)
+        journal.begin_shipping(step, before)
+    else:
+        before = earlier["backend_step"]
+        if await _trained_already(backend, model, step, before, earlier["failed"], journal, config):
+            return None
+    retry = f"run again with resume=True to ship the step's groups ({journal.rollouts_path(step)})"
+    failed: str | None = None
     for attempt in range(config.train_retries + 1):
+        if failed and await _trained_already(backend, model, step, before, failed, journal, config):
+            return None
+        limit = asyncio.timeout(config.train_timeout)
         try:
-            return await backend.train(
-                model, groups, learning_rate=config.learning_rate, **config.train_kwargs
-            )
+            async with limit:
+                result = await backend.train(
+                    model, groups, learning_rate=config.learning_rate, **config.train_kwargs
+                )
         except Exception as error:
+            if isinstance(error, TimeoutError) and limit.expired():
+                journal.shipping_failed(step, f"no answer in {config.train_timeout} s")
+                raise TrainingError(
+                    f"step {step}: backend.train did not return within train_timeout="
+                    f"{config.train_timeout} s and was cancelled. The groups are kept: {retry} "
+                    "(the backend is asked first whether it trained them), or raise "
+                    "train_timeout if training takes longer"
+                ) from None
+            failed = repr(error)
+            journal.shipping_failed(step, failed)
             if getattr(model, "_backend", None) is None:
                 raise TrainingError(
                     f"step {step}: the backend refused to train ({error!r}) and the model "
                     "was never registered: call `await model.register(backend)` before "
                     "training, then run again with resume=True (the rollouts are kept)"
                 ) from error
+            if not is_transient(error):
+                raise TrainingError(
+                    f"step {step}: backend.train raised {error!r}, which retrying cannot fix "
+                    "(only connection failures, timeouts and HTTP 429/5xx are retried): fix "
+                    f"its cause, then {retry}"
+                ) from error
             if attempt == config.train_retries:
                 raise TrainingError(
-                    f"step {step}: the backend failed {attempt + 1} times ({error!r}); "
-                    f"the step's rollouts are in {journal_root}: run again with "
-                    "resume=True to ship them without re-running them"
+                    f"step {step}: the backend failed {attempt + 1} times ({error!r}); {retry} "
+                    "without re-running them"
                 ) from error
             delay = config.retry_delay * 2**attempt
             _log.warning(
                 "step %d: backend.train failed (%r); retrying in %.1fs", step, error, delay
             )
             await asyncio.sleep(delay)
+            continue
+        if not isinstance(result, art.TrainResult):
+            journal.shipping_failed(step, f"returned {result!r:.200}")
+            raise TrainingError(
+                f"step {step}: backend.train returned {type(result).__name__} {result!r:.200}, "
+                "not an art.TrainResult, so whether it trained is unknown and the step is not "
+                f"recorded as shipped: check the backend, then {retry} (the backend is asked "
+                "first whether it trained them)"
+            )
+        return result
     raise AssertionError("unreachable")
+
+
+async def _trained_already(
+    backend: art.Backend,
+    model: art.TrainableModel[Any],
+    step: int,
+    before: int | None,
+    failed: str | None,
+    journal: Journal,
+    config: TrainerConfig,
+) -> bool:
+    """Whether an earlier call for ``step`` trained: the backend's step moved on from
+    ``before``. ``failed``: how the last call failed (``None``: it never returned, the run
+    was stopped). When the backend cannot say, a step whose last call failed ships again;
+    one whose call never returned is a :class:`TrainingError` (training twice would be
+    silent)."""
+    now, why = await backend_step(backend, model, config.train_timeout)
+    if before is not None and now is not None:
+        if now > before:
+            _log.warning(
+                "step %d: the backend is at step %d, past step %d recorded before shipping: "
+                "the last call (%s) trained these groups; they are not shipped again",
+                step,
+                now,
+                before,
+                f"failed with {failed}" if failed else "stopped before it returned",
+            )
+            return True
+        return False
+    if failed is not None:
+        return False
+    folder = journal.step_dir(step)
+    raise TrainingError(
+        f"step {step} was being shipped when the last run stopped, and the backend cannot say "
+        f"whether it trained it ({why or 'its step was not recorded before shipping'}). If it "
+        f"did not, delete {folder}/shipping.json and run again; if it did, rename that file "
+        "to shipped.json and run again"
+    )

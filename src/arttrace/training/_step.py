@@ -19,6 +19,7 @@ from .._errors import TrainingError
 from ..capture._trajectory import Trajectory
 from ._journal import Slot
 from ._report import Progress, reward_stats
+from ._resume import check_journaled
 from ._ship import ship
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
         for pos, i in enumerate(indices)
         for k in range(config.group_size)
     }
+    check_journaled(journal, step, finished, {slot: v[0] for slot, v in slots.items()})
     try:
         await run_rollouts(
             {s: v for s, v in slots.items() if s not in finished},
@@ -61,7 +63,7 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
                 "train", step, len(slots) - len(finished), [t.reward for t in finished.values()]
             ),
             done=finished,
-            on_done=lambda slot, t: journal.record(step, slot, t),  # before shipping
+            on_done=lambda slot, t: journal.record(step, slot, t),  # what ships is on disk
         )
     finally:
         journal.close()
@@ -82,9 +84,7 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
     train_started = time.perf_counter()
     train_result = None
     if shipped and not journal.shipped(step):
-        train_result = await ship(
-            trainer.backend, trainer.model, step, shipped, config, journal.root
-        )
+        train_result = await ship(trainer.backend, trainer.model, step, shipped, config, journal)
     train_seconds = time.perf_counter() - train_started
 
     rewards = [t.reward for g in groups for t in g.trajectories]
@@ -124,18 +124,17 @@ async def run_rollouts[ExampleT](
     max_concurrency: int,
     bar: Progress,
     done: dict[Slot, Trajectory],
-    on_done: Callable[[Slot, Trajectory], None] | None = None,
+    on_done: Callable[[Slot, Trajectory], Trajectory] | None = None,
 ) -> None:
     """Run the rollouts of ``slots`` concurrently, at most ``max_concurrency`` at a time,
-    filling ``done``. Cancelled, it cancels the runs in flight before it re-raises."""
+    filling ``done`` (with what ``on_done`` returns for each finished run, if given: the run
+    as journaled). Cancelled, it cancels the runs in flight before it re-raises."""
     semaphore = asyncio.Semaphore(max_concurrency)  # bound to this event loop
 
     async def one(slot: Slot, example_id: str, example: ExampleT) -> None:
         async with semaphore:
             t = await run(slot, example_id, example)
-        if on_done is not None:
-            on_done(slot, t)
-        done[slot] = t
+        done[slot] = t if on_done is None else on_done(slot, t)
         bar.update(t.reward)
 
     tasks = [asyncio.ensure_future(one(s, *v)) for s, v in slots.items()]

@@ -26,6 +26,7 @@ from ._config import TrainerConfig
 from ._curriculum import Curriculum
 from ._journal import Journal, Slot
 from ._report import Reporter, reward_stats
+from ._resume import open_run, run_settings, working
 from ._rollout import RewardFn, Rollout, run_rollout
 from ._schedule import Schedule
 from ._step import StepResult, run_rollouts, run_step
@@ -41,9 +42,12 @@ class Trainer[ExampleT]:
     itself. Every keyword argument not listed here (``kl_penalty_coef``, ``loss_fn``, ...) is
     passed to ``backend.train`` unchanged, like ``learning_rate``.
 
-    ``min_reward_spread``: groups whose rewards spread (max - min) less than this, or not at
-    all, are dropped: they teach nothing. ``max_exceptions``: rollouts that may raise in one
-    step, as a count (int) or a fraction of the step's rollouts (float), before the step fails.
+    ``train_timeout``: seconds ``backend.train`` may take (default: no limit); past it the
+    call is cancelled and the step fails with :class:`TrainingError`, its groups kept for
+    ``resume=True``. ``min_reward_spread``: groups whose rewards spread (max - min) less than
+    this, or not at all, are dropped: they teach nothing. ``max_exceptions``: rollouts that
+    may raise in one step, as a count (int) or a fraction of the step's rollouts (float),
+    before the step fails.
 
     In ``output_dir``: the journal (every finished rollout, see :mod:`arttrace.journal`),
     ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png``, redrawn after a step at
@@ -72,6 +76,7 @@ class Trainer[ExampleT]:
         resume: bool = False,
         train_retries: int = 3,
         retry_delay: float = 1.0,
+        train_timeout: float | None = None,
         log_to_model: bool = True,
         progress: bool = True,
         **train_kwargs: Any,
@@ -91,6 +96,7 @@ class Trainer[ExampleT]:
             seed=seed,
             train_retries=train_retries,
             retry_delay=retry_delay,
+            train_timeout=train_timeout,
             log_to_model=log_to_model,
             progress=progress,
             train_kwargs=train_kwargs,
@@ -110,12 +116,7 @@ class Trainer[ExampleT]:
         self.reporter = Reporter(
             self.output_dir, model, log_to_model=log_to_model, progress=progress
         )
-        state = self.journal.load_state()
-        if state and not resume:
-            raise ConfigurationError(
-                f"{self.output_dir} already holds a run ({state['completed_steps']} steps): "
-                "pass resume=True to continue it, or choose another output_dir"
-            )
+        state = open_run(self.journal, run_settings(self), resume)
         self.completed_steps: int = state.get("completed_steps", 0)
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
@@ -141,13 +142,18 @@ class Trainer[ExampleT]:
 
     async def step(self) -> StepResult:
         """Run one GRPO step and ship it; see the class docstring."""
-        result = await run_step(self)
-        self.reporter.append("metrics.jsonl", result.metrics)
+        with working(self):
+            result = await run_step(self)
+            self.reporter.append("metrics.jsonl", result.metrics)
         await self.reporter.report(result.metrics, result.step, "train")
         return result
 
     async def validate(self) -> dict[str, float]:
         """Run every validation example once; record and return the reward statistics."""
+        with working(self):
+            return await self._validate()
+
+    async def _validate(self) -> dict[str, float]:
         if not self.val_dataset:
             raise ConfigurationError("no val_dataset was given to the Trainer")
         step = self.completed_steps
@@ -192,21 +198,22 @@ class Trainer[ExampleT]:
             total = num_epochs * self.steps_per_epoch
         else:
             raise ConfigurationError("give exactly one of num_steps or num_epochs")
-        validated = {int(v["step"]) for v in self.reporter.read("validation.jsonl")}
-        results: list[StepResult] = []
+        with working(self):  # one lock from the first step to the last
+            validated = {int(v["step"]) for v in self.reporter.read("validation.jsonl")}
+            results: list[StepResult] = []
 
-        async def maybe_validate() -> None:
-            if self.val_dataset and self.completed_steps not in validated:
-                await self.validate()
-                validated.add(self.completed_steps)
+            async def maybe_validate() -> None:
+                if self.val_dataset and self.completed_steps not in validated:
+                    await self.validate()
+                    validated.add(self.completed_steps)
 
-        if self.completed_steps == 0:
-            await maybe_validate()
-        while self.completed_steps < total:
-            results.append(dataclasses.replace(await self.step(), groups=[]))
-            if validate_every and self.completed_steps % validate_every == 0:
+            if self.completed_steps == 0:
                 await maybe_validate()
-        await maybe_validate()
+            while self.completed_steps < total:
+                results.append(dataclasses.replace(await self.step(), groups=[]))
+                if validate_every and self.completed_steps % validate_every == 0:
+                    await maybe_validate()
+            await maybe_validate()
         await self.reporter.finish()
         return results
 
