@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
+from . import gateway_command
 
 _DESCRIPTION = (
     "arttrace captures what an existing LLM agent does and trains its model with "
@@ -115,7 +116,7 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-_COMMANDS: list[Callable[[_Subcommands], None]] = [_add_demo]
+_COMMANDS: list[Callable[[_Subcommands], None]] = [_add_demo, gateway_command.add_parser]
 """Each adds one subcommand; ``arttrace --help`` lists them in this order."""
 
 

@@ -88,9 +88,13 @@ class Gateway:
                 else "Cannot restart a gateway once it has been stopped; make a new one."
             )
         if self.out is not None:
-            self.runs.journal()  # loads the journal's code now, not in the first request
+            self.runs.hold()  # now, not in the first request: a folder in use fails here
         self._server = ServerThread(self._app, self.host, self.port)
-        self._server.start()
+        try:
+            self._server.start()
+        except BaseException:
+            self.runs.shutdown()
+            raise
         self._state = _State.OPENED
         return self
 

@@ -179,8 +179,13 @@ class Runs:
         journal.record(run.step, run.slot, run.trajectory)  # open() made the step's folder
         return journal.rollouts_path(run.step)
 
+    def hold(self) -> None:
+        """Take the run folder (its journal's lock: one writer at a time, a Trainer or a
+        gateway); importing the journal loads the training package, once."""
+        self.journal().lock.acquire()
+
     def journal(self) -> Journal:
-        """The journal under ``out`` (importing it loads the training package, once)."""
+        """The journal under ``out``."""
         if self._journal is None:
             from ..training._journal import Journal
 
@@ -207,6 +212,8 @@ class Runs:
             run.opened.run(run.trajectory.__exit__, None, None, None)
         if self._journal is not None:
             self._journal.close()
+            if self._journal.lock.held:
+                self._journal.lock.release()
 
 
 class _StepSlots:
