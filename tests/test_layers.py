@@ -11,6 +11,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
+from arttrace.capture import _warnings
 from arttrace.integrations._core import FrameworkCall, choice_record
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 
@@ -118,3 +119,28 @@ def test_a_response_after_the_trajectory_ended_changes_nothing():
     seen.finish([choice_record({"role": "assistant", "content": "late"})])
     (call,) = t.calls
     assert call.partial and call.choices == [] and "ended" in (call.error or "")
+
+
+def test_a_later_sdk_call_does_not_hide_a_framework_only_turns_warning(instrumented, clients):
+    """The shim saw a judge call while the framework's policy call was open; the policy call
+    itself never went through the SDK, so its turn still says why it cannot be trained."""
+    client, _ = clients(ScriptedLLM([Reply("judged")]))
+    _warnings.reset()  # an earlier test warned for this model and reason
+
+    @at.trainable(model="policy")
+    def agent() -> None:
+        seen = FrameworkCall("someframework", "policy", USER, fix="route it through the SDK")
+        client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "?"}])
+        seen.finish([choice_record({"role": "assistant", "content": "3"}, finish_reason="stop")])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with at.trajectory("q") as t:
+            agent()
+    relevant = [w for w in caught if issubclass(w.category, at.UntrainableTurnWarning)]
+    assert len(relevant) == 1 and "route it through the SDK" in str(relevant[0].message)
+    assert [(c.source, c.model) for c in t.calls] == [
+        ("someframework", "policy"),
+        ("openai", "judge"),
+    ]
+    assert t.trainable_turns == 0
