@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import wrapt
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig, StreamingMode
 from google.adk.apps import App
@@ -570,6 +571,48 @@ async def test_instrument_adds_one_plugin_and_uninstrument_removes_every_hook(
     async with at.trajectory("off") as t:
         await ask(quiet, await new_session(quiet), "hi")
     assert t.calls == [] and quiet.plugin_manager.plugins == []
+
+
+async def test_uninstrument_removes_only_arttraces_own_wrappers(server: Serve) -> None:
+    """Another library (an APM agent, ART's capture) wraps ADK's Runner and LiteLLM's client,
+    before and after arttrace: instrument() still hooks ADK, and uninstrument() removes
+    arttrace's wrappers only, wherever they sit in the chain; the other library's stay."""
+    originals = [
+        (Runner, "run_async", Runner.__dict__["run_async"]),
+        (LiteLLMClient, "acompletion", LiteLLMClient.__dict__["acompletion"]),
+    ]
+    seen: list[str] = []
+
+    def theirs(label: str) -> Callable[..., Any]:
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            seen.append(label)
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    llm = ScriptedLLM([Reply("one"), Reply("two")])
+    runner = InMemoryRunner(agent=calc_agent(server(llm).base_url), app_name="app")
+    try:
+        wrapt.wrap_function_wrapper(Runner, "run_async", theirs("runner, inside"))
+        at.instrument()
+        wrapt.wrap_function_wrapper(Runner, "run_async", theirs("runner, outside"))
+        wrapt.wrap_function_wrapper(LiteLLMClient, "acompletion", theirs("litellm, outside"))
+        async with at.trajectory("on") as t:
+            await ask(runner, await new_session(runner), "hi")
+        assert [(c.source, c.framework) for c in t.calls] == [("openai", "google_adk")]
+        assert [type(p) for p in runner.plugin_manager.plugins] == [ArttracePlugin]
+        at.uninstrument()
+        assert runner.plugin_manager.plugins == []
+        seen.clear()
+        async with at.trajectory("off") as t:
+            await ask(runner, await new_session(runner), "hi")
+        assert t.calls == [] and runner.plugin_manager.plugins == []
+        assert sorted(seen) == ["litellm, outside", "runner, inside", "runner, outside"]
+    finally:
+        at.uninstrument()
+        _warnings.reset()
+        for owner, name, original in originals:
+            setattr(owner, name, original)
 
 
 async def test_agent_and_tool_steps_are_spans_around_the_model_calls(

@@ -138,7 +138,7 @@ def llm_server(server: Callable[[ScriptedLLM], LLMServer]) -> Callable[..., LLMS
 @pytest.fixture(autouse=True)
 def no_leaked_runs() -> Iterator[None]:
     yield
-    assert lc._runs == {}, "the handler kept state for runs that ended"
+    assert len(lc._runs) == 0, "the handler kept state for runs that ended"
 
 
 # -- the ReAct agent ----------------------------------------------------------------------
@@ -431,6 +431,26 @@ def test_handler_records_messages_as_chatopenai_sends_them(llm_server):
     assert call.messages[3]["content"] is None
     assert call.messages[4] == {"role": "tool", "tool_call_id": "call_a", "content": "3"}
     assert call.choices[0].message == {"role": "assistant", "content": "Seen."}
+
+
+def test_headers_in_model_kwargs_are_never_recorded(llm_server):
+    """extra_headers given through model_kwargs reach the server but never the record, which
+    the journal and saved trajectories are written from."""
+    secret = "sk-journal-must-never-hold-this"
+    s = llm_server(["Hi."])
+    chat = model(
+        s,
+        temperature=0.5,
+        model_kwargs={"extra_headers": {"Authorization": f"Bearer {secret}", "X-Trace": "t-1"}},
+    )
+    with at.trajectory("headers") as t:
+        chat.invoke("Hello", {"callbacks": [ArttraceCallbackHandler()]})
+        t.reward = 1.0
+    (call,) = t.calls
+    assert call.source == "langchain" and call.params["temperature"] == 0.5
+    assert "extra_headers" not in call.params
+    assert secret not in json.dumps(call.to_dict())
+    assert secret not in t.to_art().model_dump_json()
 
 
 async def test_explicit_handler_with_wrapped_clients_is_trainable_without_a_global_patch(

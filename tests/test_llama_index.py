@@ -68,7 +68,7 @@ def our_handlers() -> tuple[list[Any], list[Any]]:
 
 def assert_nothing_left_open() -> None:
     (handler,), _ = our_handlers()
-    assert handler._state.pending == {} and handler._state.nodes == {}
+    assert len(handler._state.pending) == 0 and len(handler._state.nodes) == 0
 
 
 # -- agents ---------------------------------------------------------------------------------
@@ -622,6 +622,31 @@ async def test_handler_alone_with_token_ids_requested_is_trainable(server):
     (call,) = t.calls
     assert call.source == "llama_index" and call.streamed
     assert_trainable(t.to_art().messages_and_choices[-1])
+
+
+async def test_headers_in_additional_kwargs_are_never_recorded(server):
+    """extra_headers given through additional_kwargs reach the server but never the record,
+    which the journal and saved trajectories are written from."""
+    secret = "sk-journal-must-never-hold-this"
+    headers = {"Authorization": f"Bearer {secret}", "X-Trace": "t-1"}
+    llm = make_llm(
+        server(ScriptedLLM(["Hi."])),
+        temperature=0.5,
+        default_headers=headers,
+        additional_kwargs={"extra_headers": headers},
+    )
+    li.attach()
+    try:
+        async with at.trajectory("headers") as t:
+            await llm.achat([ChatMessage(role="user", content="Hello")])
+            t.reward = 1.0
+    finally:
+        li.detach()
+    (call,) = t.calls
+    assert call.source == "llama_index" and call.params["temperature"] == 0.5
+    assert not {"extra_headers", "default_headers"} & set(call.params)
+    assert secret not in json.dumps(call.to_dict())
+    assert secret not in t.to_art().model_dump_json()
 
 
 async def test_handler_with_wrapped_clients_is_trainable_without_instrument(server):

@@ -18,25 +18,26 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import sys
 import threading
 import weakref
-from array import array
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from functools import wraps
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import wrapt
 from google.adk.plugins import BasePlugin
 from google.genai import types
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
-from ..capture import _context
-from ..capture._records import ChoiceRecord, field_of
-from ._core import FrameworkCall, choice_record, step_span
+from ..capture._guard import guarded
+from ..capture._imports import when_imported
+from ..capture._records import field_of
+from ..capture._unwrap import mark, ours, unwrap
+from ._core import Fix, FrameworkCall, choice_record, end_span, guard_async, step_span
+from ._inflight import InFlight
+from ._openai_form import function_tool, json_text, tool_call, usage
 
 if TYPE_CHECKING:
     from google.adk.agents.base_agent import BaseAgent
@@ -63,21 +64,15 @@ __all__ = [
 FRAMEWORK = "google_adk"
 """The ``framework`` name on the calls this integration records."""
 
-_log = logging.getLogger("arttrace")
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-_FIX_INSTRUMENT = (
-    "The ADK plugin alone sees no token ids: call arttrace.instrument() before the agent runs "
-    "and give the agent LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1'), "
-    "so the OpenAI SDK shim records the exact tokens of each call."
+_FIX = Fix(
+    "Google ADK",
+    route=(
+        "LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1') (LiteLLM's "
+        "'openai/' route goes through the OpenAI SDK)"
+    ),
 )
-_FIX_PROVIDER = (
-    "This ADK model does not reach the server through the OpenAI SDK, so arttrace cannot record "
-    "its exact tokens: serve the policy with vLLM and give the agent "
-    "LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1') (LiteLLM's 'openai/' "
-    "route goes through the OpenAI SDK)."
-)
+_WHY = "this ADK model does not reach the server through the OpenAI SDK"
+_guarded = guard_async("the Google ADK plugin")
 
 # Finish reasons: Gemini's names to OpenAI's (ADK reports STOP for tool calls too).
 _FINISH_REASONS = {
@@ -139,23 +134,6 @@ _current_call: ContextVar[_ModelCall | None] = ContextVar("arttrace_adk_model_ca
 server's completion id."""
 
 
-def _guarded(
-    callback: Callable[_P, Coroutine[Any, Any, _R]],
-) -> Callable[_P, Coroutine[Any, Any, _R | None]]:
-    """A plugin callback that never breaks the agent: ADK turns a plugin's exception into a
-    failed run, so a recording failure is logged and the agent goes on."""
-
-    @wraps(callback)
-    async def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
-        try:
-            return await callback(*args, **kwargs)
-        except Exception:
-            _log.exception("arttrace: the ADK plugin failed in %s", callback.__name__)
-            return None
-
-    return guarded
-
-
 class ArttracePlugin(BasePlugin):
     """Records each model call of an ADK agent for arttrace, and its agent and tool steps as
     OpenTelemetry spans.
@@ -168,10 +146,9 @@ class ArttracePlugin(BasePlugin):
 
     def __init__(self, name: str = "arttrace") -> None:
         super().__init__(name=name)
-        self._lock = threading.Lock()
-        self._calls: dict[int, _ModelCall] = {}
-        self._agents: dict[tuple[str, str], list[_Step]] = {}
-        self._tools: dict[int, _Step] = {}
+        self._calls: InFlight[int, _ModelCall] = InFlight()  # by id(EventActions)
+        self._agents: InFlight[tuple[str, str], _Step] = InFlight()  # by (invocation, agent)
+        self._tools: InFlight[int, _Step] = InFlight()  # by id(ToolContext)
 
     # -- model calls -----------------------------------------------------------------------
 
@@ -182,7 +159,7 @@ class ArttracePlugin(BasePlugin):
         key = callback_context.actions
         invocation_id = callback_context.invocation_id
         agent_name = callback_context.agent_name
-        stale = self._pop_call(key)
+        stale = self._calls.pop(id(key))
         if stale is not None:  # the previous call under this event never got a response
             stale.open.discard()
         model = _served_model(str(field_of(llm_request, "model") or ""))
@@ -194,11 +171,10 @@ class ArttracePlugin(BasePlugin):
             params=_request_params(llm_request),
             step=agent_name,
             parent=self._agent_span(invocation_id, agent_name),
-            fix=_FIX_PROVIDER if _context.shim_settings() is not None else _FIX_INSTRUMENT,
+            fix=_FIX.text(_WHY),
         )
         state = _ModelCall(open_call, llm_request, invocation_id, key)
-        with self._lock:
-            self._calls[id(key)] = state
+        self._calls.push(id(key), state)
         _current_call.set(state)
         return None
 
@@ -208,28 +184,30 @@ class ArttracePlugin(BasePlugin):
     ) -> LlmResponse | None:
         key = callback_context.actions
         if field_of(llm_response, "partial"):
-            state = self._find_call(key)
+            state = self._calls.top(id(key))
             if state is not None:
-                state.streamed = True
-                state.logprobs.extend(_logprobs(llm_response))
+                with guarded("the Google ADK plugin's stream chunk", state.open.lost):
+                    state.streamed = True
+                    state.logprobs.extend(_logprobs(llm_response))
             return None
-        state = self._pop_call(key)
+        state = self._calls.pop(id(key))
         if state is None:
             return None
         state.done = True
         _current_call.set(None)
-        self._finish(state, llm_response)
+        with guarded("the Google ADK plugin's response", state.open.lost):
+            _finish(state, llm_response)
         return None
 
     @_guarded
     async def on_model_error_callback(
         self, *, callback_context: CallbackContext, llm_request: LlmRequest, error: Exception
     ) -> LlmResponse | None:
-        state = self._pop_call(callback_context.actions)
+        state = self._calls.pop(id(callback_context.actions))
         if state is not None:
             state.done = True
             _current_call.set(None)
-            state.open.fail(error)
+            state.open.raised(error)
         return None
 
     @_guarded
@@ -240,7 +218,7 @@ class ArttracePlugin(BasePlugin):
         # event. A final event of a call still open means a callback answered in the model's
         # place: the model was never called.
         if not field_of(event, "partial"):
-            state = self._pop_call(field_of(event, "actions"))
+            state = self._calls.pop(id(field_of(event, "actions")))
             if state is not None:
                 state.done = True
                 state.open.discard()
@@ -260,9 +238,7 @@ class ArttracePlugin(BasePlugin):
             FRAMEWORK,
             attributes={"gen_ai.agent.description": field_of(agent, "description") or None},
         )
-        with self._lock:
-            stack = self._agents.setdefault((invocation_id, name), [])
-            stack.append(_Step(span, invocation_id, None))
+        self._agents.push((invocation_id, name), _Step(span, invocation_id, None))
         return None
 
     @_guarded
@@ -293,8 +269,7 @@ class ArttracePlugin(BasePlugin):
                 "gen_ai.tool.description": field_of(tool, "description") or None,
             },
         )
-        with self._lock:
-            self._tools[id(tool_context)] = _Step(span, invocation_id, tool_context)
+        self._tools.push(id(tool_context), _Step(span, invocation_id, tool_context))
         return None
 
     @_guarded
@@ -306,9 +281,9 @@ class ArttracePlugin(BasePlugin):
         tool_context: ToolContext,
         result: dict[str, Any],
     ) -> dict[str, Any] | None:
-        step = self._pop_tool(tool_context)
+        step = self._tools.pop(id(tool_context))
         if step is not None:
-            step.span.end()
+            end_span(step.span)
         return None
 
     @_guarded
@@ -320,9 +295,9 @@ class ArttracePlugin(BasePlugin):
         tool_context: ToolContext,
         error: Exception,
     ) -> dict[str, Any] | None:
-        step = self._pop_tool(tool_context)
+        step = self._tools.pop(id(tool_context))
         if step is not None:
-            _end(step.span, error)
+            end_span(step.span, error)
         return None
 
     # -- the end of a run ------------------------------------------------------------------
@@ -339,78 +314,53 @@ class ArttracePlugin(BasePlugin):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _finish(self, state: _ModelCall, response: Any) -> None:
-        try:  # the model may have added to the request (ADK appends a user turn when needed)
-            state.open.call.messages = request_messages(state.request)
-        except Exception:
-            _log.debug("arttrace: kept the ADK request as first seen", exc_info=True)
-        message = response_message(response)
-        logprobs = _logprobs(response) or state.logprobs
-        choice = _choice(message, _finish_reason(response, message), logprobs)
-        state.open.finish(
-            [choice],
-            usage=_usage(field_of(response, "usage_metadata")),
-            response_id=state.response_id,
-            response_model=field_of(response, "model_version"),
-            streamed=state.streamed,
-        )
-
-    def _find_call(self, key: object) -> _ModelCall | None:
-        with self._lock:
-            state = self._calls.get(id(key))
-        return state if state is not None and state.key is key else None
-
-    def _pop_call(self, key: object) -> _ModelCall | None:
-        with self._lock:
-            state = self._calls.get(id(key))
-            if state is None or state.key is not key:
-                return None
-            del self._calls[id(key)]
-        return state
-
-    def _pop_tool(self, tool_context: object) -> _Step | None:
-        with self._lock:
-            step = self._tools.get(id(tool_context))
-            if step is None or step.key is not tool_context:
-                return None
-            del self._tools[id(tool_context)]
-        return step
-
     def _agent_span(self, invocation_id: str, agent_name: str) -> Span | None:
-        with self._lock:
-            stack = self._agents.get((invocation_id, agent_name))
-            return stack[-1].span if stack else None
+        step = self._agents.top((invocation_id, agent_name))
+        return step.span if step is not None else None
 
     def _end_agent(self, invocation_id: str, agent: object, error: BaseException | None) -> None:
         name = str(field_of(agent, "name") or type(agent).__name__)
-        with self._lock:
-            stack = self._agents.get((invocation_id, name))
-            step = stack.pop() if stack else None
-            if stack == []:
-                del self._agents[(invocation_id, name)]
+        step = self._agents.pop((invocation_id, name))
         if step is not None:
-            _end(step.span, error)
+            end_span(step.span, error)
 
     def _close_invocation(self, invocation_id: str, error: BaseException | None) -> None:
         """End what the run left open: agents that ended the invocation early, tool steps that
         raised, and model calls answered by a callback that produced no event."""
-        with self._lock:
-            calls = [s for s in self._calls.values() if s.invocation_id == invocation_id]
-            for state in calls:
-                del self._calls[id(state.key)]
-            tools = [s for s in self._tools.values() if s.invocation_id == invocation_id]
-            for step in tools:
-                del self._tools[id(step.key)]
-            agents = [k for k in self._agents if k[0] == invocation_id]
-            steps = [s for k in agents for s in reversed(self._agents.pop(k))]
+        calls = self._calls.remove(lambda s: s.invocation_id == invocation_id)
+        tools = self._tools.remove(lambda s: s.invocation_id == invocation_id)
+        steps = self._agents.remove(lambda s: s.invocation_id == invocation_id)
         for state in calls:
             state.done = True
             if error is not None:
-                state.open.fail(error)
+                state.open.raised(error)
             else:
                 state.open.discard()
         for step in [*tools, *steps]:
-            _end(step.span, error)
+            end_span(step.span, error)
+
+
+def _finish(state: _ModelCall, response: Any) -> None:
+    # The model may have added to the request (ADK appends a user turn when needed).
+    with guarded("re-reading an ADK request after its model call"):
+        state.open.call.messages = request_messages(state.request)
+    message = response_message(response)
+    logprobs = _logprobs(response) or state.logprobs
+    ids: list[int] = [e["token_id"] for e in logprobs if isinstance(e.get("token_id"), int)]
+    state.open.finish(
+        [
+            choice_record(
+                message,
+                finish_reason=_finish_reason(response, message),
+                logprobs=logprobs or None,
+                token_ids=ids if ids and len(ids) == len(logprobs) else None,
+            )
+        ],
+        usage=_usage(field_of(response, "usage_metadata")),
+        response_id=state.response_id,
+        response_model=field_of(response, "model_version"),
+        streamed=state.streamed,
+    )
 
 
 # -- LlmRequest / LlmResponse to OpenAI form -------------------------------------------------
@@ -477,14 +427,9 @@ def _assistant_message(parts: Sequence[Any]) -> dict[str, Any] | None:
         text = field_of(part, "text")
         if call is not None:
             tool_calls.append(
-                {
-                    "id": field_of(call, "id") or "",
-                    "type": "function",
-                    "function": {
-                        "name": field_of(call, "name") or "",
-                        "arguments": _json(field_of(call, "args") or {}),
-                    },
-                }
+                tool_call(
+                    field_of(call, "id") or "", field_of(call, "name"), field_of(call, "args")
+                )
             )
         elif text:
             (thoughts if field_of(part, "thought") else texts).append(str(text))
@@ -505,7 +450,7 @@ def _tool_message(response: Any) -> dict[str, Any]:
     return {
         "role": "tool",
         "tool_call_id": field_of(response, "id") or "",
-        "content": value if isinstance(value, str) else _json(value),
+        "content": value if isinstance(value, str) else json_text(value),
     }
 
 
@@ -559,42 +504,26 @@ def _system_text(instruction: Any) -> str | None:
 
 def _tool_param(declaration: Any) -> dict[str, Any]:
     schema = field_of(declaration, "parameters_json_schema")
+    parameters = None
     if schema is not None:
-        parameters = json.loads(_json(schema))
+        parameters = json.loads(json_text(schema))
     elif (declared := field_of(declaration, "parameters")) is not None:
         parameters = (
             declared.json_schema.model_dump(mode="json", exclude_none=True)
             if isinstance(declared, types.Schema)
-            else json.loads(_json(declared))
+            else json.loads(json_text(declared))
         )
         parameters.setdefault("type", "object")
         parameters.setdefault("properties", {})
-    else:
-        parameters = {"type": "object", "properties": {}}
-    return {
-        "type": "function",
-        "function": {
-            "name": field_of(declaration, "name") or "",
-            "description": field_of(declaration, "description") or "",
-            "parameters": parameters,
-        },
-    }
+    return function_tool(
+        field_of(declaration, "name"), field_of(declaration, "description"), parameters
+    )
 
 
 def _request_params(llm_request: Any) -> dict[str, Any]:
     config = field_of(llm_request, "config")
     params = {name: field_of(config, key) for key, name in _PARAMS.items()}
     return {k: v for k, v in params.items() if v is not None}
-
-
-def _choice(
-    message: dict[str, Any], finish_reason: str, logprobs: list[dict[str, Any]]
-) -> ChoiceRecord:
-    record = choice_record(message, finish_reason=finish_reason, logprobs=logprobs or None)
-    ids = [entry.get("token_id") for entry in logprobs]
-    if ids and record.token_ids is None and all(isinstance(i, int) for i in ids):
-        record.token_ids = array("q", ids)  # type: ignore[arg-type]  # checked: all ints
-    return record
 
 
 def _logprobs(response: Any) -> list[dict[str, Any]]:
@@ -631,15 +560,12 @@ def _finish_reason(response: Any, message: Mapping[str, Any]) -> str:
     return "tool_calls" if message.get("tool_calls") else "stop"
 
 
-def _usage(usage: Any) -> dict[str, int] | None:
-    if usage is None:
-        return None
-    counts = {
-        "prompt_tokens": field_of(usage, "prompt_token_count"),
-        "completion_tokens": field_of(usage, "candidates_token_count"),
-        "total_tokens": field_of(usage, "total_token_count"),
-    }
-    return {k: int(v) for k, v in counts.items() if v is not None} or None
+def _usage(counts: Any) -> dict[str, int] | None:
+    return usage(
+        field_of(counts, "prompt_token_count"),
+        field_of(counts, "candidates_token_count"),
+        field_of(counts, "total_token_count"),
+    )
 
 
 def _served_model(model: str) -> str:
@@ -654,26 +580,12 @@ def _served_model(model: str) -> str:
     return rest if prefix in provider_list else model
 
 
-def _end(span: Span, error: BaseException | None) -> None:
-    if error is not None:
-        span.record_exception(error)
-        span.set_attribute("error.type", type(error).__qualname__)
-        span.set_status(Status(StatusCode.ERROR, str(error)))
-    span.end()
-
-
-def _json(value: Any) -> str:
-    """JSON text as ADK's LiteLLM adapter writes it (its repr when it has no JSON form)."""
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, OverflowError, RecursionError):
-        return str(value)
-
-
 # -- install / uninstall ---------------------------------------------------------------------
+# Each wrapper is marked as arttrace's (capture._unwrap): install wraps unless arttrace's wrapper
+# is outermost already, uninstall splices it out wherever it sits, so another library's
+# wrappers, inside or outside it, stay; one that cannot be spliced out passes calls through.
 
 _installed = False
-_lite_llm_hooked = False
 _install_lock = threading.Lock()
 _added: weakref.WeakKeyDictionary[PluginManager, ArttracePlugin] = weakref.WeakKeyDictionary()
 _LITE_LLM = "google.adk.models.lite_llm"
@@ -683,26 +595,20 @@ def install() -> None:
     """Give every ADK ``Runner`` an :class:`ArttracePlugin` when it runs (unless it has one),
     and read the server's completion id below ADK's LiteLLM model so each call pairs with the
     OpenAI shim's record of it. Idempotent; :func:`arttrace.instrument` calls it."""
-    global _installed, _lite_llm_hooked
+    global _installed
     from google.adk.runners import Runner
 
     with _install_lock:
         if _installed:
             return
         _installed = True
-        if not isinstance(Runner.__dict__.get("run_async"), wrapt.FunctionWrapper):
-            wrapt.wrap_function_wrapper(Runner, "run_async", _run_async)
-        register = not _lite_llm_hooked
-        _lite_llm_hooked = True
-    if register:  # fires at once if LiteLLM's adapter is imported (importing it is slow)
-        wrapt.register_post_import_hook(_hook_lite_llm, _LITE_LLM)
-    elif _LITE_LLM in sys.modules:
-        _hook_lite_llm(sys.modules[_LITE_LLM])
+        _wrap(Runner, "run_async", _run_async)
+    when_imported(_LITE_LLM, _hook_lite_llm)  # at once if imported (importing it is slow)
 
 
 def uninstall() -> None:
-    """Undo :func:`install`: remove the plugins it added and the wrappers (idempotent).
-    Plugins you registered yourself stay."""
+    """Undo :func:`install` (idempotent): remove the plugins it added and arttrace's wrappers,
+    and nothing else. Plugins you registered yourself and other libraries' wrappers stay."""
     global _installed
     with _install_lock:
         if not _installed:
@@ -710,14 +616,19 @@ def uninstall() -> None:
         _installed = False
         runners = sys.modules.get("google.adk.runners")
         if runners is not None:
-            _unwrap(runners.Runner, "run_async")
+            unwrap(runners.Runner, "run_async")
         lite_llm = sys.modules.get(_LITE_LLM)
         if lite_llm is not None:
-            _unwrap(lite_llm.LiteLLMClient, "acompletion")
+            unwrap(lite_llm.LiteLLMClient, "acompletion")
         added = list(_added.items())
         _added.clear()
     for manager, plugin in added:  # new lists: runs in flight keep iterating the old ones
         manager.plugins = [p for p in manager.plugins if p is not plugin]
+
+
+def _wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> None:
+    if not ours(owner.__dict__.get(name)):
+        wrapt.wrap_function_wrapper(owner, name, mark(wrapper))
 
 
 def _run_async(
@@ -738,10 +649,8 @@ def _run_async(
 
 def _hook_lite_llm(module: Any) -> None:
     with _install_lock:
-        if _installed and not isinstance(
-            module.LiteLLMClient.__dict__.get("acompletion"), wrapt.FunctionWrapper
-        ):
-            wrapt.wrap_function_wrapper(module.LiteLLMClient, "acompletion", _acompletion)
+        if _installed:
+            _wrap(module.LiteLLMClient, "acompletion", _acompletion)
 
 
 async def _acompletion(
@@ -752,7 +661,7 @@ async def _acompletion(
 ) -> Any:
     response = await wrapped(*args, **kwargs)
     state = _current_call.get()
-    if state is None or state.done or state.response_id is not None:
+    if not _installed or state is None or state.done or state.response_id is not None:
         return response
     if kwargs.get("stream"):
         return _IdStream(response, state)
@@ -780,9 +689,3 @@ class _IdStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
             if isinstance(response_id, str):
                 state.response_id = response_id
         return chunk
-
-
-def _unwrap(owner: type, name: str) -> None:
-    patched = owner.__dict__.get(name)
-    if isinstance(patched, wrapt.FunctionWrapper):
-        setattr(owner, name, patched.__wrapped__)

@@ -28,11 +28,14 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 from langchain_core.tracers.context import register_configure_hook
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 
 from ..capture import _context
+from ..capture._guard import guarded
 from ..capture._records import ChoiceRecord
-from ._core import FrameworkCall, choice_record, step_span
+from ._core import Fix, FrameworkCall, choice_record, end_span, guard, step_span
+from ._inflight import InFlight
+from ._openai_form import tool_call, tool_specs, usage, usage_of
 
 __all__ = ["ArttraceCallbackHandler", "install", "openai_messages", "uninstall"]
 
@@ -40,6 +43,12 @@ FRAMEWORK = "langchain"
 _NOT_PARAMS = frozenset({"model", "model_name", "tools", "_type"})
 # LangGraph raises these to steer the graph (interrupts, commands to a parent): not failures.
 _CONTROL_FLOW = frozenset({"GraphBubbleUp", "GraphInterrupt", "NodeInterrupt", "ParentCommand"})
+_FIX = Fix(
+    "LangChain",
+    route="ChatOpenAI(base_url='<vLLM>/v1', model=...), without use_responses_api",
+    wrap=" (or wrap the model's OpenAI client with arttrace.wrap_openai)",
+)
+_guard = guard("LangChain")
 
 
 class ArttraceCallbackHandler(BaseCallbackHandler):
@@ -94,23 +103,26 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         if not self.active or not _context.recording() or not messages:
             return
         run = _Run(self)
-        if not _claim(run_id, run):
+        if not _runs.claim(run_id, run):
             return  # another arttrace handler on the same run records it
-        try:
+        with guarded("LangChain's on_chat_model_start", lambda _: _runs.pop(run_id)):
             params = dict(kwargs.get("invocation_params") or {})
+            tools = params.get("tools")
             run.call = FrameworkCall(
                 FRAMEWORK,
                 _model_name(params, metadata, serialized),
                 openai_messages(messages[0]),
-                tools=_tools(params.get("tools")),
+                tools=tool_specs(tools, convert_to_openai_tool)
+                if isinstance(tools, list | tuple)
+                else None,
                 params={k: v for k, v in params.items() if k not in _NOT_PARAMS},
                 step=_step(metadata, kwargs.get("name")),
                 parent=_children_span(parent_run_id),
-                fix=_fix(serialized),
+                fix=_FIX.text(
+                    f"{_serialized_name(serialized) or 'this chat model'} uses another client, "
+                    "or ChatOpenAI's Responses API"
+                ),
             )
-        except BaseException:
-            _release(run_id)
-            raise
 
     def on_llm_end(
         self,
@@ -120,25 +132,12 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        run = _release(run_id) if self.active else None
-        if run is None or run.call is None:
-            return
-        generations = response.generations[0] if response.generations else []
-        choices = [_choice(g, i) for i, g in enumerate(generations)]
-        first = generations[0] if generations else None
-        meta = first.message.response_metadata if isinstance(first, ChatGeneration) else {}
-        output = response.llm_output or {}
-        response_id = output.get("id") or meta.get("id")
-        response_model = output.get("model_name") or meta.get("model_name")
-        run.call.finish(
-            choices,
-            usage=_usage(output, first),
-            response_id=response_id if isinstance(response_id, str) else None,
-            response_model=response_model if isinstance(response_model, str) else None,
-            streamed=isinstance(first, ChatGenerationChunk)
-            or bool(run.call.call.params.get("stream")),
-        )
+        run = _runs.pop(run_id) if self.active else None
+        if run is not None and run.call is not None:
+            with guarded("LangChain's on_llm_end", run.call.lost):
+                _finish(run.call, response)
 
+    @_guard
     def on_llm_error(
         self,
         error: BaseException,
@@ -147,12 +146,13 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        run = _release(run_id) if self.active else None
+        run = _runs.pop(run_id) if self.active else None
         if run is not None and run.call is not None:
-            run.call.fail(error)
+            run.call.raised(error)
 
     # -- graphs, chains, tools -------------------------------------------------------------
 
+    @_guard
     def on_chain_start(
         self,
         serialized: dict[str, Any] | None,
@@ -169,7 +169,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         name = kwargs.get("name") or _serialized_name(serialized) or "chain"
         parent = _children_span(parent_run_id)
         run = _Run(self, parent=parent)
-        if not _claim(run_id, run):
+        if not _runs.claim(run_id, run):
             return
         node = _graph_node(name, tags, metadata)
         if parent_run_id is None or node is not None:
@@ -183,6 +183,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
                 "invoke_agent", name, FRAMEWORK, parent=parent, attributes=attributes
             )
 
+    @_guard
     def on_chain_end(
         self,
         outputs: Any,
@@ -191,10 +192,11 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        run = _release(run_id) if self.active else None
+        run = _runs.pop(run_id) if self.active else None
         if run is not None and run.span is not None:
-            run.span.end()
+            end_span(run.span)
 
+    @_guard
     def on_chain_error(
         self,
         error: BaseException,
@@ -203,10 +205,12 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        run = _release(run_id) if self.active else None
+        run = _runs.pop(run_id) if self.active else None
         if run is not None and run.span is not None:
-            _end_with_error(run.span, error)
+            steers = {c.__name__ for c in type(error).__mro__} & _CONTROL_FLOW
+            end_span(run.span, None if steers else error)
 
+    @_guard
     def on_tool_start(
         self,
         serialized: dict[str, Any] | None,
@@ -222,7 +226,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         if not self.active or not _context.recording():
             return
         run = _Run(self)
-        if not _claim(run_id, run):
+        if not _runs.claim(run_id, run):
             return
         name = kwargs.get("name") or _serialized_name(serialized) or "tool"
         run.span = run.parent = step_span(
@@ -254,7 +258,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
         self.on_chain_error(error, run_id=run_id)
 
 
-# -- what the handlers share: runs in flight, keyed by LangChain's run id -------------------
+# -- runs in flight, keyed by LangChain's run id --------------------------------------------
 
 
 @dataclass(slots=True)
@@ -267,37 +271,29 @@ class _Run:
     call: FrameworkCall | None = None
 
 
-_runs: dict[UUID, _Run] = {}
-_runs_lock = threading.Lock()
-
-
-def _claim(run_id: UUID, run: _Run) -> bool:
-    with _runs_lock:
-        if run_id in _runs:
-            return False
-        _runs[run_id] = run
-        return True
-
-
-def _release(run_id: UUID) -> _Run | None:
-    with _runs_lock:
-        return _runs.pop(run_id, None)
+_runs: InFlight[UUID, _Run] = InFlight()
 
 
 def _children_span(parent_run_id: UUID | None) -> Span | None:
-    if parent_run_id is None:
-        return None
-    with _runs_lock:
-        parent = _runs.get(parent_run_id)
+    parent = _runs.top(parent_run_id) if parent_run_id is not None else None
     return parent.parent if parent is not None else None
 
 
-def _end_with_error(span: Span, error: BaseException) -> None:
-    if not {c.__name__ for c in type(error).__mro__} & _CONTROL_FLOW:
-        span.record_exception(error)
-        span.set_attribute("error.type", type(error).__qualname__)
-        span.set_status(Status(StatusCode.ERROR, str(error)))
-    span.end()
+def _finish(call: FrameworkCall, response: LLMResult) -> None:
+    generations = response.generations[0] if response.generations else []
+    choices = [_choice(g, i) for i, g in enumerate(generations)]
+    first = generations[0] if generations else None
+    meta = first.message.response_metadata if isinstance(first, ChatGeneration) else {}
+    output = response.llm_output or {}
+    response_id = output.get("id") or meta.get("id")
+    response_model = output.get("model_name") or meta.get("model_name")
+    call.finish(
+        choices,
+        usage=_usage(output, first),
+        response_id=response_id if isinstance(response_id, str) else None,
+        response_model=response_model if isinstance(response_model, str) else None,
+        streamed=isinstance(first, ChatGenerationChunk) or bool(call.call.params.get("stream")),
+    )
 
 
 # -- install / uninstall -----------------------------------------------------------------
@@ -333,15 +329,11 @@ def uninstall() -> None:
     global _hook_on
     with _install_lock:
         _hook_on = False
-    with _runs_lock:
-        stale = [(k, r) for k, r in _runs.items() if r.owner is _HANDLER]
-        for run_id, _ in stale:
-            del _runs[run_id]
-    for _, run in stale:
+    for run in _runs.remove(lambda r: r.owner is _HANDLER):
         if run.call is not None:
             run.call.abandon("arttrace was uninstrumented before the call finished")
         if run.span is not None:
-            run.span.end()
+            end_span(run.span)
 
 
 # -- LangChain objects in OpenAI form ----------------------------------------------------
@@ -373,11 +365,7 @@ def _assistant(message: AIMessage, converted: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in converted.items() if k not in ("content", "tool_calls")}
     tool_calls = list(converted.get("tool_calls") or ())
     tool_calls += [
-        {
-            "type": "function",
-            "id": tc.get("id"),
-            "function": {"name": tc.get("name") or "", "arguments": tc.get("args") or ""},
-        }
+        tool_call(tc.get("id"), tc.get("name"), tc.get("args") or "")
         for tc in message.invalid_tool_calls
     ]
     if not tool_calls and message.additional_kwargs.get("tool_calls"):  # older providers
@@ -416,29 +404,10 @@ def _choice(generation: Any, index: int) -> ChoiceRecord:
 
 
 def _usage(llm_output: Mapping[str, Any], generation: Any) -> dict[str, Any] | None:
-    usage = llm_output.get("token_usage")
-    if isinstance(usage, Mapping) and usage:
-        return {k: v for k, v in usage.items() if v is not None}
-    metadata = getattr(getattr(generation, "message", None), "usage_metadata", None)
-    if not metadata:
-        return None
-    return {
-        "prompt_tokens": metadata.get("input_tokens"),
-        "completion_tokens": metadata.get("output_tokens"),
-        "total_tokens": metadata.get("total_tokens"),
-    }
-
-
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if not isinstance(tools, list | tuple) or not tools:
-        return None
-    out = []
-    for tool in tools:
-        try:
-            out.append(convert_to_openai_tool(tool))
-        except Exception:  # a provider's built-in tool with no OpenAI form: keep it as given
-            out.append(dict(tool) if isinstance(tool, Mapping) else {"tool": repr(tool)})
-    return out
+    metadata = getattr(getattr(generation, "message", None), "usage_metadata", None) or {}
+    return usage_of(llm_output.get("token_usage")) or usage(
+        metadata.get("input_tokens"), metadata.get("output_tokens"), metadata.get("total_tokens")
+    )
 
 
 def _model_name(
@@ -485,22 +454,3 @@ def _step(metadata: Mapping[str, Any] | None, run_name: Any) -> str | None:
     if isinstance(namespace, str) and "|" in namespace:
         return "/".join(part.split(":", 1)[0] for part in namespace.split("|"))
     return str(node)
-
-
-def _fix(serialized: Any) -> str:
-    """What to do when a policy turn arrives without exact tokens (the shim did not see it)."""
-
-    model_class = _serialized_name(serialized) or "this chat model"
-    if _context.shim_settings() is None:
-        return (
-            "A LangChain callback handler alone cannot give ART the exact token ids (LangChain "
-            "keeps at most the logprobs). Call arttrace.instrument() before running the agent "
-            "(or wrap the model's OpenAI client with arttrace.wrap_openai) so the request is "
-            "captured below LangChain, with the model served by vLLM."
-        )
-    return (
-        f"arttrace saw the call in LangChain but not its request through the OpenAI SDK's Chat "
-        f"Completions API, so the token ids are missing ({model_class} uses another client, or "
-        "ChatOpenAI's Responses API). Serve the policy with vLLM and call it with "
-        "ChatOpenAI(base_url=<vLLM>/v1, model=...), without use_responses_api."
-    )

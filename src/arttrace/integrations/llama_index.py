@@ -21,8 +21,6 @@ Agent runs (``FunctionAgent``, ``ReActAgent``, ``CodeActAgent``, ``AgentWorkflow
 from __future__ import annotations
 
 import inspect
-import json
-import logging
 import sys
 import threading
 from array import array
@@ -51,11 +49,14 @@ from llama_index.core.instrumentation.span import BaseSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.tools.types import BaseTool
 from llama_index_instrumentation import get_dispatcher
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 from pydantic import PrivateAttr
 
+from ..capture._guard import guarded
 from ..capture._records import field_of
-from ._core import FrameworkCall, choice_record, step_span
+from ._core import Fix, FrameworkCall, choice_record, end_span, guard, step_span
+from ._inflight import InFlight
+from ._openai_form import tool_call, tool_specs, usage_of
 
 __all__ = [
     "FIX",
@@ -69,17 +70,20 @@ __all__ = [
 ]
 
 FRAMEWORK = "llama_index"
-FIX = (
-    "LlamaIndex's own records do not carry the exact tokens ART trains on. Call "
-    "arttrace.instrument() (LlamaIndex's OpenAI and OpenAILike LLMs then go through the "
-    "OpenAI SDK, which arttrace records with vLLM's token ids), or give the LLM clients "
-    "wrapped with arttrace.wrap_openai: OpenAI(..., openai_client=arttrace.wrap_openai("
-    "openai.OpenAI(...)), async_openai_client=arttrace.wrap_openai(openai.AsyncOpenAI(...))). "
-    "An LLM class that does not call the OpenAI SDK cannot be trained."
+_FIX = Fix(
+    "LlamaIndex",
+    route="LlamaIndex's OpenAI or OpenAILike LLM (api_base='<vLLM>/v1')",
+    wrap=(
+        " (or give the LLM clients wrapped with arttrace.wrap_openai: OpenAI(..., "
+        "openai_client=arttrace.wrap_openai(openai.OpenAI(...)), "
+        "async_openai_client=arttrace.wrap_openai(openai.AsyncOpenAI(...))))"
+    ),
 )
-"""What the :class:`arttrace.UntrainableTurnWarning` of a LlamaIndex-only record says to do."""
-
-_log = logging.getLogger("arttrace")
+FIX = _FIX.without_instrument
+"""What the :class:`arttrace.UntrainableTurnWarning` of a LlamaIndex-only record says to do
+without ``arttrace.instrument()`` (with it: that the LLM class does not call the OpenAI SDK)."""
+_WHY = "this LLM class does not call the OpenAI SDK"
+_guard = guard("LlamaIndex")
 _ROLES = {"chatbot": "assistant", "model": "assistant"}
 _PARAMS = ("temperature", "max_tokens", "top_p", "seed", "logprobs", "top_logprobs")
 _MAX_DEPTH = 256  # bound on walks up LlamaIndex's span tree
@@ -139,9 +143,9 @@ class _Pending:
         prompt = field_of(raw, "prompt_token_ids")
         if self.prompt_token_ids is None and isinstance(prompt, list):
             self.prompt_token_ids = prompt
-        usage = field_of(raw, "usage")
+        usage = usage_of(field_of(raw, "usage"))
         if usage is not None:
-            self.usage = _plain(usage)
+            self.usage = usage
         for choice in field_of(raw, "choices") or ():
             if field_of(choice, "index") not in (0, None):
                 continue  # LlamaIndex keeps the first choice only
@@ -169,77 +173,47 @@ class _Pending:
 
 
 class _State:
-    """What the event handler and the span handler of one pair share (thread-safe)."""
+    """What the event handler and the span handler of one pair share: LlamaIndex's open spans
+    by span id, and the chat calls in flight by :func:`_key`."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.nodes: dict[str, _Node] = {}
-        self.pending: dict[Any, list[_Pending]] = {}
-
-    # -- the span tree --
+        self.nodes: InFlight[str, _Node] = InFlight()
+        self.pending: InFlight[Any, _Pending] = InFlight()
 
     def ancestry(self, span_id: str | None) -> tuple[Any, str | None, str | None, Span | None]:
         """For the span ``span_id``: its LLM, the agent it runs in, the nearest tool call id,
         and the nearest span of ours (to nest under)."""
         llm = agent = tool_call_id = None
         span: Span | None = None
-        with self.lock:
-            for _ in range(_MAX_DEPTH):
-                node = self.nodes.get(span_id) if span_id is not None else None
-                if node is None:
-                    break
-                llm = llm if llm is not None else node.llm
-                agent = agent or node.agent
-                tool_call_id = tool_call_id or node.tool_call_id
-                span = span or node.span
-                if agent and span:
-                    break
-                span_id = node.parent
+        for _ in range(_MAX_DEPTH):
+            node = self.nodes.top(span_id) if span_id is not None else None
+            if node is None:
+                break
+            llm = llm if llm is not None else node.llm
+            agent = agent or node.agent
+            tool_call_id = tool_call_id or node.tool_call_id
+            span = span or node.span
+            if agent and span:
+                break
+            span_id = node.parent
         return llm, agent, tool_call_id, span
 
     def nearest_tool(self, span_id: str | None) -> bool:
         """Whether the nearest span of ours above ``span_id`` is a tool call (an adapter
         around a tool calls the wrapped tool: one tool call, one span)."""
-        with self.lock:
-            for _ in range(_MAX_DEPTH):
-                node = self.nodes.get(span_id) if span_id is not None else None
-                if node is None:
-                    return False
-                if node.span is not None:
-                    return node.tool is not None
-                span_id = node.parent
+        for _ in range(_MAX_DEPTH):
+            node = self.nodes.top(span_id) if span_id is not None else None
+            if node is None:
+                return False
+            if node.span is not None:
+                return node.tool is not None
+            span_id = node.parent
         return False
 
-    # -- calls in flight --
-
     def open(self, key: Any, pending: _Pending) -> None:
-        with self.lock:
-            self._prune()
-            self.pending.setdefault(key, []).append(pending)
-
-    def current(self, key: Any) -> _Pending | None:
-        with self.lock:
-            stack = self.pending.get(key)
-            return stack[-1] if stack else None
-
-    def close(self, key: Any) -> _Pending | None:
-        with self.lock:
-            stack = self.pending.get(key)
-            if not stack:
-                return None
-            pending = stack.pop()
-            if not stack:
-                del self.pending[key]
-            return pending
-
-    def _prune(self) -> None:
-        """Forget calls that ended without their end event (the trajectory abandoned them)."""
-        for key, stack in list(self.pending.items()):
-            alive = [p for p in stack if p.call.call.ended_at is None]
-            if not alive:
-                del self.pending[key]
-            elif len(alive) < len(stack):
-                self.pending[key] = alive
+        # Forget calls that ended without their end event (the trajectory abandoned them).
+        self.pending.remove(lambda p: p.call.call.ended_at is not None)
+        self.pending.push(key, pending)
 
 
 # -- the handlers ---------------------------------------------------------------------------
@@ -256,6 +230,7 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
     def class_name(cls) -> str:
         return "ArttraceSpanHandler"
 
+    @_guard
     def span_enter(
         self,
         id_: str,
@@ -265,11 +240,9 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
         tags: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        try:
-            self._enter(id_, bound_args, instance, parent_id)
-        except Exception:
-            _log.exception("arttrace could not follow LlamaIndex span %s", id_)
+        self._enter(id_, bound_args, instance, parent_id)
 
+    @_guard
     def span_exit(
         self,
         id_: str,
@@ -278,14 +251,12 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
         result: Any | None = None,
         **kwargs: Any,
     ) -> None:
-        state = self._state
-        with state.lock:
-            node = state.nodes.pop(id_, None)
+        node = self._state.nodes.pop(id_)
         if node is not None and node.span is not None:
-            if getattr(result, "is_error", False) is True:  # a ToolOutput reporting an error
-                node.span.set_status(Status(StatusCode.ERROR, str(getattr(result, "content", ""))))
-            node.span.end()
+            failed = getattr(result, "is_error", False) is True  # a ToolOutput reporting an error
+            end_span(node.span, str(getattr(result, "content", "")) if failed else None)
 
+    @_guard
     def span_drop(
         self,
         id_: str,
@@ -294,18 +265,15 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
         err: BaseException | None = None,
         **kwargs: Any,
     ) -> None:
-        state = self._state
-        with state.lock:
-            node = state.nodes.pop(id_, None)
+        node = self._state.nodes.pop(id_)
         if node is not None and node.span is not None:
+            end_span(node.span, err)
+        # A chat call that raised (streams report ExceptionEvent).
+        while (pending := self._state.pending.pop(id_)) is not None:
             if err is not None:
-                node.span.record_exception(err)
-                node.span.set_status(Status(StatusCode.ERROR, str(err)))
-            node.span.end()
-        pending = state.close(id_)  # a chat call that raised (streams report ExceptionEvent)
-        while pending is not None:
-            _end_with(pending, err)
-            pending = state.close(id_)
+                pending.call.raised(err)
+            else:
+                pending.call.abandon("the call was interrupted")
 
     def _enter(
         self, id_: str, bound_args: inspect.BoundArguments, instance: Any, parent_id: str | None
@@ -337,17 +305,13 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
                 node.agent = str(getattr(instance, "name", None) or type(instance).__name__)
                 _, _, _, parent = state.ancestry(parent_id)
                 node.span = step_span("invoke_agent", node.agent, FRAMEWORK, parent=parent)
-        with state.lock:
-            state.nodes[id_] = node
+        state.nodes.push(id_, node)
 
     def close(self) -> None:
         """End the spans still open (the dispatcher shuts down, or arttrace detaches)."""
-        state = self._state
-        with state.lock:
-            nodes, state.nodes = state.nodes, {}
-        for node in nodes.values():
+        for node in self._state.nodes.remove():
             if node.span is not None:
-                node.span.end()
+                end_span(node.span)
 
     # BaseSpanHandler's abstract hooks: the three entry points above replace them.
     def new_span(
@@ -410,25 +374,26 @@ class ArttraceEventHandler(BaseEventHandler):
         """The span handler that goes with this event handler."""
         return self._spans
 
+    @_guard
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        try:
-            if isinstance(event, LLMChatInProgressEvent):
-                pending = self._state.current(_key(event.span_id, event.messages))
-                if pending is not None:
+        pending: _Pending | None
+        if isinstance(event, LLMChatInProgressEvent):
+            pending = self._state.pending.top(_key(event.span_id, event.messages))
+            if pending is not None:
+                with guarded("LlamaIndex's stream chunk", pending.call.lost):
                     pending.streamed = True
                     pending.absorb(event.response.raw)
-            elif isinstance(event, LLMChatStartEvent):
-                self._start(event)
-            elif isinstance(event, LLMChatEndEvent):
-                pending = self._state.close(_key(event.span_id, event.messages))
-                if pending is not None:
+        elif isinstance(event, LLMChatStartEvent):
+            self._start(event)
+        elif isinstance(event, LLMChatEndEvent):
+            pending = self._state.pending.pop(_key(event.span_id, event.messages))
+            if pending is not None:
+                with guarded("LlamaIndex's response", pending.call.lost):
                     _finish(pending, event.response)
-            elif isinstance(event, ExceptionEvent) and event.span_id is not None:
-                pending = self._state.close(event.span_id)
-                if pending is not None:
-                    _end_with(pending, event.exception)
-        except Exception:
-            _log.exception("arttrace could not record LlamaIndex event %s", type(event).__name__)
+        elif isinstance(event, ExceptionEvent) and event.span_id is not None:
+            pending = self._state.pending.pop(event.span_id)
+            if pending is not None:
+                pending.call.raised(event.exception)
 
     def _start(self, event: LLMChatStartEvent) -> None:
         llm, agent, _, parent = self._state.ancestry(event.span_id)
@@ -442,18 +407,14 @@ class ArttraceEventHandler(BaseEventHandler):
             params=_params(llm, extra),
             step=agent,
             parent=parent,
-            fix=FIX,
+            fix=_FIX.text(_WHY),
         )
         self._state.open(_key(event.span_id, event.messages), _Pending(call))
 
     def close(self) -> None:
         """Abandon the calls still open and end the spans (arttrace detaches)."""
-        state = self._state
-        with state.lock:
-            stacks, state.pending = state.pending, {}
-        for stack in stacks.values():
-            for pending in stack:
-                pending.call.abandon("arttrace stopped recording LlamaIndex during the call")
+        for pending in self._state.pending.remove():
+            pending.call.abandon("arttrace stopped recording LlamaIndex during the call")
         self._spans.close()
 
 
@@ -463,10 +424,12 @@ def _finish(pending: _Pending, response: ChatResponse | None) -> None:
         return
     if not pending.streamed:
         pending.absorb(response.raw)
-    message = openai_message(response.message, role="assistant")
-    record = choice_record(message, finish_reason=pending.finish_reason, logprobs=pending.logprobs)
-    if pending.token_ids is not None and record.logprobs is not None:
-        record.token_ids = array("q", pending.token_ids)
+    record = choice_record(
+        openai_message(response.message, role="assistant"),
+        finish_reason=pending.finish_reason,
+        logprobs=pending.logprobs,
+        token_ids=pending.token_ids,
+    )
     if pending.prompt_token_ids is not None:
         pending.call.call.prompt_token_ids = array("q", pending.prompt_token_ids)
     pending.call.finish(
@@ -476,15 +439,6 @@ def _finish(pending: _Pending, response: ChatResponse | None) -> None:
         response_model=pending.response_model,
         streamed=pending.streamed,
     )
-
-
-def _end_with(pending: _Pending, error: BaseException | None) -> None:
-    if isinstance(error, Exception):
-        pending.call.fail(error)
-    elif isinstance(error, GeneratorExit):
-        pending.call.abandon("the caller stopped reading the stream")
-    else:
-        pending.call.abandon(f"the call was interrupted ({type(error).__name__})")
 
 
 # -- attaching --------------------------------------------------------------------------------
@@ -555,7 +509,7 @@ def openai_message(message: ChatMessage, *, role: str | None = None) -> dict[str
         if isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
         elif isinstance(block, ToolCallBlock):
-            tool_calls.append(_tool_call(block.tool_call_id, block.tool_name, block.tool_kwargs))
+            tool_calls.append(tool_call(block.tool_call_id, block.tool_name, block.tool_kwargs))
         elif isinstance(block, ImageBlock | AudioBlock | DocumentBlock):
             parts.append(_media_part(block))
     kwargs = message.additional_kwargs
@@ -563,7 +517,7 @@ def openai_message(message: ChatMessage, *, role: str | None = None) -> dict[str
         for tc in kwargs.get("tool_calls") or ():
             function = field_of(tc, "function")
             tool_calls.append(
-                _tool_call(
+                tool_call(
                     field_of(tc, "id"), field_of(function, "name"), field_of(function, "arguments")
                 )
             )
@@ -580,16 +534,6 @@ def openai_message(message: ChatMessage, *, role: str | None = None) -> dict[str
     if role == "tool" and kwargs.get("tool_call_id") is not None:
         out["tool_call_id"] = str(kwargs["tool_call_id"])
     return out
-
-
-def _tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments if arguments is not None else {})
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name or "", "arguments": arguments},
-    }
 
 
 def _media_part(block: ImageBlock | AudioBlock | DocumentBlock) -> dict[str, Any]:
@@ -613,19 +557,13 @@ def _media_part(block: ImageBlock | AudioBlock | DocumentBlock) -> dict[str, Any
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    """The tools of a call in OpenAI form (OpenAI specs kept; LlamaIndex tools and
-    Anthropic-style specs converted)."""
-    out: list[dict[str, Any]] = []
-    for tool in tools or ():
-        if isinstance(tool, BaseTool):
-            out.append(dict(tool.metadata.to_openai_tool(skip_length_check=True)))
-        elif isinstance(tool, Mapping) and tool.get("type") == "function" and "function" in tool:
-            out.append(dict(tool))
-        elif isinstance(tool, Mapping) and "name" in tool:
-            function = {"name": tool["name"], "description": tool.get("description", "")}
-            function["parameters"] = tool.get("input_schema") or tool.get("parameters") or {}
-            out.append({"type": "function", "function": function})
-    return out or None
+    """The tools of a call in OpenAI form (LlamaIndex tools converted)."""
+    return tool_specs(
+        tools,
+        lambda t: (
+            t.metadata.to_openai_tool(skip_length_check=True) if isinstance(t, BaseTool) else None
+        ),
+    )
 
 
 def _params(llm: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -666,10 +604,3 @@ def _is_agent(instance: Any) -> bool:
         if cls is not None and isinstance(instance, cls):
             return True
     return False
-
-
-def _plain(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, Mapping):
-        return dict(value)
-    dump = getattr(value, "model_dump", None)
-    return dict(dump(exclude_none=True)) if dump is not None else None
