@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import sys
 from types import ModuleType
 
+from ..capture._guard import guarded
 from ..capture._imports import when_imported
-
-_log = logging.getLogger("arttrace")
 
 FRAMEWORKS = {
     "langchain": "langchain_core",
@@ -47,7 +45,8 @@ def unhook_frameworks() -> None:
     for name in FRAMEWORKS:
         integration = sys.modules.get(f"{__name__}.{name}")
         if integration is not None:
-            integration.uninstall()
+            with guarded(f"unhooking {FRAMEWORKS[name]}"):
+                integration.uninstall()
 
 
 def _on_import(name: str, _module: ModuleType) -> None:
@@ -57,10 +56,6 @@ def _on_import(name: str, _module: ModuleType) -> None:
 def _install(name: str) -> None:
     if not _enabled:
         return
-    try:
+    # A framework version arttrace cannot hook must not break the application.
+    with guarded(f"hooking {FRAMEWORKS[name]} (its calls through the OpenAI SDK are still seen)"):
         importlib.import_module(f"{__name__}.{name}").install()
-    except Exception:  # a framework version we cannot hook must not break the application
-        _log.exception(
-            "arttrace could not hook %s; its calls through the OpenAI SDK are still captured",
-            FRAMEWORKS[name],
-        )
