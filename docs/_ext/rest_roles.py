@@ -1,0 +1,18 @@
+"""A griffe extension for the API reference: arttrace's docstrings use reST roles
+(``:class:`arttrace.Settings```), which Markdown would show verbatim. Each role becomes inline
+code, so the rendered reference reads like the rest of the site."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import griffe
+
+_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc|obj):`~?([^`]+)`")
+
+
+class RestRoles(griffe.Extension):
+    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = _ROLE.sub(r"`\1`", obj.docstring.value)
