@@ -14,6 +14,9 @@ from typing import Any, TypeVar
 import wrapt
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_PROXY: type[Any] = getattr(wrapt, "BaseObjectProxy", wrapt.ObjectProxy)
+"""What every ``wrapt`` wrapper is: since wrapt 2, ``FunctionWrapper`` derives from
+``BaseObjectProxy``, not from ``ObjectProxy``."""
 
 
 def mark(wrapper: _F) -> _F:
@@ -36,7 +39,7 @@ def unwrap(owner: Any, name: str) -> None:
         setattr(owner, name, current.__wrapped__)
         return
     outer = current
-    while isinstance(outer, wrapt.ObjectProxy):
+    while isinstance(outer, _PROXY):
         inner = outer.__wrapped__
         if ours(inner):
             outer.__wrapped__ = inner.__wrapped__
