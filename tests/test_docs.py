@@ -61,10 +61,11 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def blocks(page: Path) -> Iterator[Block]:
-    """The fenced blocks of a Markdown page (indented ones in lists too), with their first
-    line, language and whether a ``<!-- fragment -->`` comment precedes them."""
-    lines = page.read_text().splitlines()
+def blocks(page: Path, text: str | None = None) -> Iterator[Block]:
+    """The fenced blocks of a Markdown page (``text``, default: the file's), indented ones
+    in lists too, with their first line, language and whether a ``<!-- fragment -->``
+    comment precedes them."""
+    lines = (page.read_text() if text is None else text).splitlines()
     i = 0
     while i < len(lines):
         match = _FENCE.match(lines[i])
@@ -107,23 +108,18 @@ def test_every_block_runs_or_is_marked(block: Block) -> None:
         compile(block.code, block.where, "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
-@pytest.mark.parametrize(
-    "page",
-    [p for p in PAGES if RUNNABLE[p]],
-    ids=lambda p: str(p.relative_to(ROOT)),
-)
-def test_runnable_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OPENAI_API_KEY", "docs-test")
+def run_blocks(runnable: list[Block]) -> None:
+    """Run a page's blocks in order in one fresh namespace, async ones on one event loop,
+    against a fresh scripted server; a failure names the block's page and line."""
     namespace: dict[str, object] = {"__name__": "__docs__"}
     loop = asyncio.new_event_loop()
+    saved = {k: os.environ.get(k) for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
     try:
         with serve(ScriptedLLM()) as server, warnings.catch_warnings():
-            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-            for block in RUNNABLE[page]:
-                code = compile(
-                    block.code, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-                )
+            os.environ.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="docs-test")
+            for block in runnable:
+                flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+                code = compile(block.code, block.where, "exec", flags=flags)
                 try:
                     if code.co_flags & inspect.CO_COROUTINE:
                         loop.run_until_complete(eval(code, namespace))
@@ -132,10 +128,51 @@ def test_runnable_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
                 except Exception as error:
                     raise AssertionError(f"{block.where} failed: {error!r}") from error
     finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
         at.uninstrument()
         _warnings.reset()
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if RUNNABLE[p]],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_runnable_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_blocks(RUNNABLE[page])
+
+
+def test_the_checks_catch_a_broken_block_and_honour_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness itself: markers, indented fences, a shared namespace, failures named."""
+    page = ROOT / "docs" / "_harness_check.md"  # a name only: the file is not written
+    text = (
+        "<!-- fragment: placeholder -->\n```python\nsolve(...)\n```\n\n"
+        "- a list item\n\n  ```python\n  x = await_me = 1\n  ```\n\n"
+        "```python\nimport asyncio\nawait asyncio.sleep(0)\ny = x + 1\n```\n\n"
+        "```python\nassert y == 3, 'wrong'\n```\n"
+    )
+    found = list(blocks(page, text))
+    assert [(b.line, b.fragment) for b in found] == [
+        (2, True),
+        (8, False),
+        (12, False),
+        (18, False),
+    ]
+    assert found[1].code == "x = await_me = 1\n"  # dedented out of the list item
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        AssertionError, match=r"_harness_check.md:18 failed: AssertionError\('wrong'"
+    ):
+        run_blocks([b for b in found if not b.fragment])
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
