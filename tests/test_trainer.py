@@ -143,7 +143,7 @@ async def test_group_size_one_still_never_mixes_examples(tmp_path):
     backend = RecordingBackend()
     trainer = make(tmp_path, Agent(), backend, train_dataset=dataset(3), group_size=1)
     result = await trainer.step()
-    assert result.metrics["groups"] == 3 and result.metrics["groups_dropped"] == 3
+    assert result.metrics["groups_total"] == 3 and result.metrics["groups_dropped"] == 3
     assert backend.calls == []  # one run per example: no spread, nothing to learn
 
 
@@ -243,7 +243,8 @@ async def test_outputs_metrics_plot_and_state(tmp_path):
         "reward_std",
         "groups_kept",
         "groups_dropped",
-        "trajectories",
+        "groups_total",
+        "trajectories_scored",
         "exceptions",
         "trainable_tokens",
         "rollout_seconds",
@@ -407,8 +408,9 @@ async def test_too_many_failures_fail_the_step_with_the_journal_kept(tmp_path):
 
     trainer = make(tmp_path, Agent(), train_dataset=dataset(3), max_exceptions=2)
     trainer.rollout = broken
-    with pytest.raises(at.TrainingError, match="12 of 12 rollouts raised"):
+    with pytest.raises(at.TrainingError, match="12 of 12 rollouts raised") as error:
         await trainer.step()
+    assert "most common cause (12 of 12): RuntimeError: down" in str(error.value)
     assert len(journaled(tmp_path / "out", 0)) == 12
 
 
@@ -490,10 +492,36 @@ async def test_dry_run_backend_writes_what_art_would_train_on(tmp_path):
     backend = at.DryRunBackend(tmp_path / "dry")
     trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), min_reward_spread=-1)
     await trainer.model.register(backend)
-    await trainer.step()
-    report = json.loads((tmp_path / "dry" / "m" / "step-00001" / "report.json").read_text())
+    result = await trainer.step()
+    # numbered as the journal and metrics number the step (step 0), not one ahead
+    assert result.step == 0 and (tmp_path / "out" / "journal" / "step-00000").is_dir()
+    assert sorted(p.name for p in (tmp_path / "dry" / "m").iterdir()) == ["step-00000"]
+    report = json.loads((tmp_path / "dry" / "m" / "step-00000" / "report.json").read_text())
+    assert report["step"] == 0 and result.train_result.step == 1  # ART: the model's step after
     assert report["groups"] == 2 and report["groups_with_signal"] == 2
     assert report["train_kwargs"] == {"learning_rate": 5e-6}
     assert all(g["trainable_tokens"] > 0 for g in report["per_group"])
-    lines = (tmp_path / "dry" / "m" / "step-00001" / "groups.jsonl").read_text().splitlines()
+    lines = (tmp_path / "dry" / "m" / "step-00000" / "groups.jsonl").read_text().splitlines()
     assert len(lines) == 2
+    assert await backend._get_step(trainer.model) == 1
+    assert await at.DryRunBackend(tmp_path / "dry")._get_step(trainer.model) == 1  # from disk
+
+
+async def test_the_model_history_keeps_every_trainer_metric(tmp_path):
+    """The backend's metrics (here DryRunBackend's `groups`, `trajectories`) go to the model's
+    history beside the Trainer's, never over them."""
+    def score(example: dict[str, Any], k: int) -> float:  # ex-0 teaches nothing: dropped
+        return 1.0 if example["id"] == "ex-0" else float(k % 2)
+
+    backend = at.DryRunBackend(tmp_path / "dry")
+    trainer = make(tmp_path, Agent(score), backend, train_dataset=dataset(3), log_to_model=True)
+    await trainer.model.register(backend)
+    result = await trainer.step()
+    await trainer.flush()
+    history = Path(trainer.model._get_output_dir()) / "history.jsonl"
+    (line,) = [json.loads(line) for line in history.read_text().splitlines()]
+    ours = {k: v for k, v in result.metrics.items() if not k.startswith("train/")}
+    for key, value in ours.items():
+        assert line[f"train/{key}"] == value, key
+    assert line["train/groups"] == 2.0 and line["train/trajectories"] == 8.0  # the backend's
+    assert result.metrics["groups_total"] == 3 and result.metrics["trajectories_scored"] == 12

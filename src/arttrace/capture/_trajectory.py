@@ -227,14 +227,36 @@ def current_trajectory() -> Trajectory:
 
 
 def check_reward(value: Any) -> float:
-    """``value`` as a finite float, or a ``ValueError`` saying what was wrong."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """``value`` as a finite float, or a ``ConfigurationError`` (a ``ValueError``) saying what
+    was wrong.
+
+    Any real number is a reward: ``int``, ``float``, ``Fraction``, ``Decimal``, numpy's and
+    torch's scalars. A ``bool`` is not (``True`` for ``1.0`` is most likely a mistake), nor a
+    complex number, a string, NaN or an infinity."""
+    import numbers  # here, not at the top: this function is the one place that needs it
+
+    dtype = str(getattr(value, "dtype", ""))  # numpy / torch scalars: "float32", "torch.bool"
+    real = isinstance(value, numbers.Real) or (
+        not isinstance(value, numbers.Complex | str | bytes)  # Decimal; 0-d arrays, tensors
+        and hasattr(type(value), "__float__")
+        and "bool" not in dtype
+        and "complex" not in dtype
+    )
+    if isinstance(value, bool) or not real:
+        fix = ": use 1.0 and 0.0 (float(...))" if "bool" in f"{type(value)} {dtype}" else ""
         raise ConfigurationError(
-            f"reward must be a finite number, got {type(value).__name__} {value!r}"
+            f"reward must be a finite number (any real number), got "
+            f"{type(value).__name__} {value!r:.80}{fix}"
         )
-    if not math.isfinite(value):
-        raise ConfigurationError(f"reward must be a finite number, got {value!r}")
-    return float(value)
+    try:
+        reward = float(value)
+    except (TypeError, ValueError, OverflowError) as error:  # an array, Decimal("sNaN"), 10**400
+        raise ConfigurationError(
+            f"reward must be a finite number, got {type(value).__name__} {value!r:.80} ({error})"
+        ) from None
+    if not math.isfinite(reward):
+        raise ConfigurationError(f"reward must be a finite number, got {value!r:.80}")
+    return reward
 
 
 def _check_metadata(metadata: dict[str, Any]) -> None:

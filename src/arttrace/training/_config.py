@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,3 +54,96 @@ class TrainerConfig:
         if isinstance(self.max_exceptions, int):
             return self.max_exceptions
         return math.floor(self.max_exceptions * runs)
+
+
+ART_TRAIN_KEYWORDS = frozenset(
+    {
+        "adam_params",
+        "advantage_balance",
+        "allow_training_without_logprobs",
+        "epsilon",
+        "epsilon_high",
+        "final_training_step",
+        "grad_accumulation_sequences",
+        "importance_sampling_level",
+        "kimi_k2_tau",
+        "kl_penalty_coef",
+        "kl_penalty_reference_step",
+        "kl_penalty_source",
+        "kl_penalty_step_lag",
+        "kl_ref_adapter_path",
+        "learning_rate",
+        "logprob_calculation_chunk_size",
+        "loss_fn",
+        "loss_fn_config",
+        "mask_prob_ratio",
+        "max_negative_advantage_importance_sampling_weight",
+        "normalize_advantages",
+        "num_trajectories_learning_rate_multiplier_power",
+        "optimizer_save_interval",
+        "packed_sequence_length",
+        "plot_tensors",
+        "ppo",
+        "precalculate_logprobs",
+        "save_checkpoint",
+        "scale_learning_rate_by_reward_std_dev",
+        "scale_rewards",
+        "truncated_importance_sampling",
+        "verbose",
+    }
+)
+"""The keyword arguments of ``train`` on ART 0.5.23's backends (``LocalBackend``,
+``ServerlessBackend``, the Tinker and Megatron backends): what a backend whose ``train`` takes
+``**kwargs`` is checked against."""
+
+
+def check_train_kwargs(
+    backend: object, train_kwargs: dict[str, Any], trainer_parameters: Iterable[str]
+) -> None:
+    """Refuse, at construction, a keyword that neither the Trainer nor ``backend.train``
+    takes (a typo such as ``groups_per_stp`` would otherwise reach the backend at the first
+    ship, after a whole step of rollouts), naming the closest valid one."""
+    train = getattr(backend, "train", None)
+    if not callable(train):
+        raise ConfigurationError(
+            f"backend {type(backend).__name__} has no train method: pass an ART backend "
+            "(art.local.LocalBackend(), art.ServerlessBackend(...), arttrace.DryRunBackend())"
+        )
+    try:
+        parameters = inspect.signature(train).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        accepted, takers = ART_TRAIN_KEYWORDS, "ART's backends' train()"
+    else:
+        keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        positional = [p.name for p in parameters][:2]  # the model and the groups
+        accepted = frozenset(p.name for p in parameters if p.kind in keyword) - {*positional}
+        takers = f"{type(backend).__name__}.train()"
+    for name in train_kwargs:
+        if name in accepted:
+            continue
+        valid = sorted({*trainer_parameters, *accepted} - {"train_kwargs"})
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigurationError(
+            f"Trainer got an unknown keyword argument {name!r}{hint}: it is neither a Trainer "
+            f"parameter nor a keyword argument {takers} accepts, so it cannot be passed on to "
+            "backend.train. Fix the name, or drop it."
+        )
+
+
+def read_dataset[T](examples: Iterable[T], name: str) -> list[T]:
+    """``examples`` as a list, read once (a generator is consumed here, not at each epoch)."""
+    if isinstance(examples, str | bytes | Mapping):
+        raise ConfigurationError(
+            f"{name} must be an iterable of examples (a list, say), got "
+            f"{type(examples).__name__}: wrap a single example in a list"
+        )
+    try:
+        return list(examples)
+    except TypeError as error:
+        raise ConfigurationError(
+            f"{name} must be an iterable of examples (a list, say), got "
+            f"{type(examples).__name__} ({error})"
+        ) from None

@@ -2,8 +2,10 @@
 
 Use it in place of a real backend to validate a setup on a machine without a GPU: each
 ``train()`` call writes the groups (``groups.jsonl``, in ART's JSON form) and a report (trainable
-tokens per group, which groups carry learning signal, the training arguments received). Its step
-is the last report on disk, so a resumed run (a new process) learns which steps were trained.
+tokens per group, which groups carry learning signal, the training arguments received), in a
+folder numbered as the Trainer's journal numbers the step (``step-00000`` for its first). Its
+step (as ART counts it: steps trained) comes from the reports on disk, so a resumed run (a new
+process) learns which steps were trained.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ class DryRunBackend:
         return str(model.name)
 
     async def _get_step(self, model: Any) -> int:
-        """The last step trained: in this process, or by an earlier one (its report)."""
+        """The model's step, as ART counts it: how many steps were trained, in this process or
+        by an earlier one (the report of step ``n`` on disk means ``n + 1`` were)."""
         on_disk = [
-            int(number)
+            int(number) + 1
             for report in (self.output_dir / model.name).glob("step-*/report.json")
             if (number := report.parent.name.removeprefix("step-")).isdigit()
         ]
@@ -74,15 +77,15 @@ class DryRunBackend:
         self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
     ) -> art.TrainResult:
         groups = list(trajectory_groups)
-        step = await self._get_step(model) + 1
-        directory = private_dir(self.output_dir / model.name / f"step-{step:05d}")
+        trained = await self._get_step(model)  # numbered as the Trainer's journal numbers it
+        directory = private_dir(self.output_dir / model.name / f"step-{trained:05d}")
         fd = os.open(directory / "groups.jsonl", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with open(fd, "w") as f:  # it holds prompts: for the user only
             for group in groups:
                 f.write(group.model_dump_json() + "\n")
         report = [_group_report(g) for g in groups]
         summary = {
-            "step": step,
+            "step": trained,
             "groups": len(groups),
             "groups_with_signal": sum(r["has_signal"] for r in report),
             "groups_without_signal": sum(not r["has_signal"] for r in report),
@@ -92,9 +95,9 @@ class DryRunBackend:
             "per_group": report,
         }
         write_json(directory / "report.json", summary)  # last: a step with a report trained
-        self._steps[model.name] = step
+        self._steps[model.name] = trained + 1
         metrics = {k: float(summary[k]) for k in ("groups", "trajectories", "trainable_tokens")}
-        return art.TrainResult(step=step, metrics=metrics)
+        return art.TrainResult(step=trained + 1, metrics=metrics)  # ART: the step after it
 
 
 def _group_report(group: art.TrajectoryGroup) -> dict[str, Any]:

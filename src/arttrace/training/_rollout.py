@@ -1,43 +1,150 @@
-"""One run of the agent on one example, inside its own trajectory, and its reward."""
+"""One run of the agent on one example, inside its own trajectory, and its reward.
+
+The reward of a run, in this order:
+
+1. with ``reward_fn``: ``reward_fn(example, output)`` (sync or async), ``output`` being what the
+   rollout returned;
+2. else, when the rollout returned a real number (``float``, ``int``, ``numpy.float32``,
+   ``Decimal``, ``Fraction``, ...; not ``bool``): that number;
+3. else what the rollout set with ``arttrace.current_trajectory().reward = ...``; whatever else
+   it returned (its answer, say) is then ignored.
+
+A reward that is not a finite real number, no reward at all, or two sources that disagree
+(the rollout set ``0.0`` and returned ``1.0``, or set one and ``reward_fn`` gave another) fail
+the run with a :class:`~arttrace.ConfigurationError` that says what to do.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._errors import ConfigurationError
 from ..capture._trajectory import MetadataValue, Trajectory, check_reward, trajectory
 
-type Rollout[ExampleT] = Callable[[ExampleT], Awaitable[Any]]
-"""One run of the agent: an async function of one example."""
+type Rollout[ExampleT] = Callable[[ExampleT], Awaitable[Any]] | Callable[[ExampleT], Any]
+"""One run of the agent on one example: an async function, or a sync one (run in a thread)."""
 type RewardFn[ExampleT] = Callable[[ExampleT, Any], float | Awaitable[float]]
 """Scores a rollout's output: ``reward_fn(example, output)``, sync or async."""
 
+_FIX = (
+    "return the reward (a finite real number), set arttrace.current_trajectory().reward, "
+    "or pass reward_fn=... to the Trainer to score what the rollout returns"
+)
 
-async def run_rollout[ExampleT](
-    rollout: Rollout[ExampleT],
-    reward_fn: RewardFn[ExampleT] | None,
-    example_id: str,
-    example: ExampleT,
-    metadata: dict[str, MetadataValue],
-) -> Trajectory:
-    """Run ``rollout(example)`` in a new trajectory and set its reward. An exception (the
-    rollout's, or a missing or bad reward) is kept on ``Trajectory.exception``, not raised."""
-    t = trajectory(example_id, metadata=metadata)
-    try:
-        async with t:
-            output = await rollout(example)
-            if reward_fn is not None:
-                reward = reward_fn(example, output)
-                t.reward = await reward if inspect.isawaitable(reward) else reward
-            elif output is not None:
-                t.reward = check_reward(output)
-            elif t.reward is None:
+
+def check_rollout(rollout: object) -> None:
+    """Refuse at construction what cannot be a rollout (a generator, a non-callable)."""
+    if not callable(rollout):
+        raise ConfigurationError(
+            f"rollout must be a function of one example, got {type(rollout).__name__} "
+            f"{rollout!r:.80}"
+        )
+    call = getattr(rollout, "__call__", None)  # noqa: B004  (a callable object's method)
+    if any(
+        inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in (rollout, call)
+    ):
+        raise ConfigurationError(
+            f"rollout {getattr(rollout, '__name__', rollout)!r} is a generator function: "
+            "a rollout runs the agent once and returns (not yields) its reward or output"
+        )
+
+
+def is_async(rollout: object) -> bool:
+    return inspect.iscoroutinefunction(rollout) or inspect.iscoroutinefunction(
+        getattr(rollout, "__call__", None)  # noqa: B004
+    )
+
+
+class RolloutRunner[ExampleT]:
+    """Runs ``rollout`` for one example in a fresh trajectory and gives the run its reward.
+
+    A sync ``rollout`` runs in a worker thread (at most ``max_concurrency`` at a time) in a
+    copy of the run's context, so ``current_trajectory()`` and a sync OpenAI client's calls
+    belong to the run, and the event loop keeps the other runs going."""
+
+    def __init__(
+        self,
+        rollout: Rollout[ExampleT],
+        reward_fn: RewardFn[ExampleT] | None,
+        max_concurrency: int,
+    ) -> None:
+        check_rollout(rollout)
+        self.rollout, self.reward_fn = rollout, reward_fn
+        self._async = is_async(rollout)
+        self._max_threads = max_concurrency
+        self._threads: ThreadPoolExecutor | None = None
+
+    async def run(
+        self, example_id: str, example: ExampleT, metadata: dict[str, MetadataValue]
+    ) -> Trajectory:
+        """The finished run. An exception (the rollout's, or a missing or bad reward) is kept
+        on ``Trajectory.exception``, not raised."""
+        t = trajectory(example_id, metadata=metadata)
+        try:
+            async with t:
+                output = await self._call(example)
+                t.reward = await self._reward(t, example, output)
+        except Exception:
+            pass  # kept on t.exception; the group records it
+        return t
+
+    async def _call(self, example: ExampleT) -> Any:
+        if self._async:
+            return await self.rollout(example)
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(self._max_threads, "arttrace-rollout")
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        output = await loop.run_in_executor(self._threads, context.run, self.rollout, example)
+        return await output if inspect.isawaitable(output) else output  # a lambda: coroutine
+
+    async def _reward(self, t: Trajectory, example: ExampleT, output: Any) -> float:
+        """The run's reward, in the order of this module's docstring."""
+        was_set = t.reward
+        if self.reward_fn is not None:
+            value = self.reward_fn(example, output)
+            value = await value if inspect.isawaitable(value) else value
+            try:
+                reward, source = check_reward(value), "reward_fn gave"
+            except ConfigurationError as error:
+                raise ConfigurationError(f"reward_fn: {error}") from None
+        elif output is not None:
+            try:
+                reward, source = check_reward(output), "the rollout returned"
+            except ConfigurationError as error:
+                if was_set is not None:
+                    return was_set  # it returned its answer and set the reward itself
                 raise ConfigurationError(
-                    "the rollout returned None and set no reward: return the reward, set "
-                    "arttrace.current_trajectory().reward, or pass reward_fn to the Trainer"
-                )
-    except Exception:
-        pass  # kept on t.exception; the group records it
-    return t
+                    f"the rollout returned {type(output).__name__} {output!r:.80}, which is "
+                    f"not a reward ({error}), and set no reward: {_FIX}"
+                ) from None
+        elif was_set is None:
+            raise ConfigurationError(
+                f"the rollout returned None and set no reward: {_FIX}{_no_calls_hint(t)}"
+            )
+        else:
+            return was_set
+        if was_set is not None and was_set != reward:
+            raise ConfigurationError(
+                f"the rollout set current_trajectory().reward = {was_set!r} but {source} "
+                f"{reward!r}: give the reward one way (to score a returned output, pass "
+                "reward_fn and do not set the reward in the rollout)"
+            )
+        return reward
+
+
+def _no_calls_hint(t: Trajectory) -> str:
+    """What a rollout that recorded nothing most likely did: open its own trajectory."""
+    if t.calls:
+        return ""
+    return (
+        ". No LLM call was recorded in the run either: if the rollout opens its own "
+        "`arttrace.trajectory()` (as a stand-alone script does), remove that `with` block, "
+        "since the Trainer opens one trajectory per run, and set the reward with "
+        "`arttrace.current_trajectory().reward = ...` or return it"
+    )

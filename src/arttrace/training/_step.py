@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,8 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
     if failed > config.allowed_exceptions(len(slots)):
         raise TrainingError(
             f"step {step}: {failed} of {len(slots)} rollouts raised (max_exceptions="
-            f"{config.max_exceptions!r}); see the groups' exceptions in {journal.root}"
+            f"{config.max_exceptions!r}); {most_common_cause(finished.values())}. Every "
+            f"exception and its traceback is in {journal.rollouts_path(step)}"
         )
     with_signal = [g for g in groups if _spread(g) > 0 and _spread(g) >= config.min_reward_spread]
     dropped = len(groups) - len(with_signal)
@@ -92,11 +94,11 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
         "step": step,
         "epoch": epoch,
         **reward_stats(rewards),
-        "groups": len(groups),
+        "groups_total": len(groups),
         "groups_kept": len(shipped),
         "groups_dropped": dropped,
         "groups_excluded_by_curriculum": len(excluded),
-        "trajectories": len(rewards),
+        "trajectories_scored": len(rewards),
         "exceptions": failed,
         "trainable_tokens": sum(trainable_tokens(t) for g in shipped for t in g.trajectories),
         "rollout_seconds": rollout_seconds,
@@ -172,6 +174,16 @@ def build_groups(
         )
         failures.append(len(exceptions))
     return groups, failures
+
+
+def most_common_cause(runs: Iterable[Trajectory]) -> str:
+    """The exception most runs raised, as ``most common cause (3 of 4): Type: message``."""
+    causes = Counter((e["type"], e["message"]) for t in runs if (e := t.exception) is not None)
+    if not causes:
+        return "no run raised"
+    ((kind, message), count), total = causes.most_common(1)[0], causes.total()
+    message = message if len(message) <= 500 else message[:500] + "..."
+    return f"most common cause ({count} of {total}): {kind}: {message}"
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ The Trainer orchestrates; each job is its own module: ``_config`` (validated set
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,12 @@ import art
 
 from .._errors import ConfigurationError
 from ..capture._trajectory import MetadataValue, Trajectory
-from ._config import TrainerConfig
+from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
 from ._journal import Journal, Slot
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
-from ._rollout import RewardFn, Rollout, run_rollout
+from ._rollout import RewardFn, Rollout, RolloutRunner
 from ._schedule import Schedule
 from ._step import StepResult, run_rollouts, run_step
 
@@ -37,21 +38,73 @@ __all__ = ["StepResult", "Trainer"]
 class Trainer[ExampleT]:
     """GRPO over an existing agent: ``rollout(example)`` is one run of the agent.
 
-    ``rollout`` is an async function of one example. It returns the reward, or an output that
-    ``reward_fn(example, output)`` scores, or sets ``arttrace.current_trajectory().reward``
-    itself. Every keyword argument not listed here (``kl_penalty_coef``, ``loss_fn``, ...) is
-    passed to ``backend.train`` unchanged, like ``learning_rate``.
+    ``await trainer.step()`` runs ``group_size`` rollouts of each of the next
+    ``groups_per_step`` examples, journals every finished run, builds one
+    ``art.TrajectoryGroup`` per example, drops the groups that teach nothing and ships the rest
+    with ``backend.train(model, groups, learning_rate=..., **train_kwargs)``.
 
-    ``train_timeout``: seconds ``backend.train`` may take (default: no limit); past it the
-    call is cancelled and the step fails with :class:`TrainingError`, its groups kept for
-    ``resume=True``. ``min_reward_spread``: groups whose rewards spread (max - min) less than
-    this, or not at all, are dropped: they teach nothing. ``max_exceptions``: rollouts that
-    may raise in one step, as a count (int) or a fraction of the step's rollouts (float),
-    before the step fails.
+    Args:
+        model: The ``art.TrainableModel`` to train; register it first
+            (``await model.register(backend)``).
+        backend: An ART backend (``art.local.LocalBackend()``, ``art.ServerlessBackend(...)``,
+            :class:`~arttrace.DryRunBackend`).
+        rollout: One run of the agent on one example. An async function, or a sync one, which
+            runs in a worker thread (at most ``max_concurrency`` at a time) in the run's
+            context, so ``current_trajectory()`` and a sync OpenAI client work in it. The
+            Trainer opens the run's trajectory around it: the rollout must not open its own.
+            The run's reward, in this order: ``reward_fn(example, output)`` when ``reward_fn``
+            is given; else the rollout's return value when it is a real number (``float``,
+            ``int``, ``numpy.float32``, ``Decimal``, ``Fraction``; not ``bool``); else what the
+            rollout set with ``arttrace.current_trajectory().reward = ...`` (anything else it
+            returns, such as its answer, is then ignored). No reward, a reward that is not a
+            finite real number, or two sources that disagree fail the run with an error that
+            says what to do.
+        train_dataset: The training examples: any iterable (a generator too), read once into
+            a list when the Trainer is built; it must hold at least one example.
+        val_dataset: Validation examples (read once, like ``train_dataset``), each run once by
+            :meth:`validate`.
+        reward_fn: Scores a rollout's output: ``reward_fn(example, output)``, sync or async.
+        example_id: The id of an example (a function of it); else its ``"id"`` key, else
+            ``train-<index>`` / ``val-<index>``.
+        group_size: Runs per example; one group per example, never one across examples.
+        groups_per_step: Examples (groups) per step. Each epoch is a fresh shuffle seeded by
+            ``seed`` and the epoch number; the global ``random`` state is never touched.
+        max_concurrency: Runs in flight at a time.
+        learning_rate: Passed to ``backend.train``.
+        min_reward_spread: Groups whose rewards spread (max - min) less than this, or not at
+            all, are dropped: they teach nothing.
+        curriculum: A :class:`~arttrace.Curriculum` choosing which groups with learning
+            signal ship; its state is saved with the run.
+        max_exceptions: Rollouts that may raise in one step, as a count (int) or a fraction of
+            the step's rollouts (float), before the step fails with
+            :class:`~arttrace.TrainingError` naming the most common cause.
+        output_dir: Where the run is kept: the journal (every finished rollout), ``state.json``,
+            ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png`` (redrawn after a
+            step at most every 30 s, and at the end of :meth:`train`).
+        seed: Seeds the shuffle of each epoch.
+        resume: Continue the run in ``output_dir``: finished rollouts are read back from the
+            journal, not run again. Without it, an ``output_dir`` that holds a run is an error.
+            The run's seed, dataset, ``group_size``, ``groups_per_step`` and curriculum must be
+            the ones it started with (a ``ResumeError``, a ``ConfigurationError``, names each
+            difference).
+            A step the backend already trained is not shipped again. One Trainer works in an
+            ``output_dir`` at a time (a lock on it; a second one gets ``RunLockedError``).
+        train_retries: How many times a failed ``backend.train`` is retried, with exponential
+            backoff from ``retry_delay`` seconds.
+        retry_delay: The first retry's delay, in seconds.
+        train_timeout: Seconds ``backend.train`` may take (default ``None``: no limit). Past
+            it the call is cancelled and the step fails with :class:`~arttrace.TrainingError`;
+            its groups stay in the journal and ``resume=True`` ships them, after asking the
+            backend whether the cancelled call trained them.
+        log_to_model: Send each step's metrics to ``model.log`` (ART's history, W&B).
+        progress: Show a progress bar of the step's runs and their mean reward.
+        **train_kwargs: Passed to ``backend.train`` unchanged (``kl_penalty_coef``,
+            ``loss_fn``, ...). Each name is checked when the Trainer is built, against the
+            backend's ``train`` signature (or, when it takes ``**kwargs``, the keywords of
+            ART's backends): an unknown name is an error naming the closest valid one.
 
-    In ``output_dir``: the journal (every finished rollout, see :mod:`arttrace.journal`),
-    ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png``, redrawn after a step at
-    most every 30 s and at the end of :meth:`train`.
+    Raises:
+        ConfigurationError: A setting, dataset, rollout or keyword the Trainer cannot use.
     """
 
     def __init__(
@@ -59,9 +112,9 @@ class Trainer[ExampleT]:
         model: art.TrainableModel[Any],
         backend: art.Backend,
         rollout: Rollout[ExampleT],
-        train_dataset: Sequence[ExampleT],
+        train_dataset: Iterable[ExampleT],
         *,
-        val_dataset: Sequence[ExampleT] | None = None,
+        val_dataset: Iterable[ExampleT] | None = None,
         reward_fn: RewardFn[ExampleT] | None = None,
         example_id: Callable[[ExampleT], str] | None = None,
         group_size: int = 8,
@@ -81,10 +134,6 @@ class Trainer[ExampleT]:
         progress: bool = True,
         **train_kwargs: Any,
     ) -> None:
-        if not train_dataset:
-            raise ConfigurationError(
-                "train_dataset is empty: give the Trainer at least one example"
-            )
         self.config = TrainerConfig(
             group_size=group_size,
             groups_per_step=groups_per_step,
@@ -101,16 +150,24 @@ class Trainer[ExampleT]:
             progress=progress,
             train_kwargs=train_kwargs,
         )
-        self.model, self.backend, self.rollout = model, backend, rollout
-        self.reward_fn = reward_fn
+        check_train_kwargs(backend, train_kwargs, inspect.signature(Trainer).parameters)
+        self.model, self.backend = model, backend
+        self._runner = RolloutRunner(rollout, reward_fn, max_concurrency)
         self.schedule = Schedule(
-            list(train_dataset),
+            read_dataset(train_dataset, "train_dataset"),
             groups_per_step=groups_per_step,
             seed=seed,
             example_id=example_id,
             curriculum=curriculum,
         )
-        self.val_dataset: list[ExampleT] = list(val_dataset or [])
+        if not self.schedule.dataset:
+            raise ConfigurationError(
+                "train_dataset is empty: give the Trainer at least one example (an iterable "
+                "is read once, when the Trainer is built: a generator already consumed is empty)"
+            )
+        self.val_dataset: list[ExampleT] = (
+            [] if val_dataset is None else read_dataset(val_dataset, "val_dataset")
+        )
         self.output_dir = self.config.output_dir
         self.journal = Journal(self.output_dir)
         self.reporter = Reporter(
@@ -120,6 +177,14 @@ class Trainer[ExampleT]:
         self.completed_steps: int = state.get("completed_steps", 0)
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
+
+    @property
+    def rollout(self) -> Rollout[ExampleT]:
+        return self._runner.rollout
+
+    @rollout.setter
+    def rollout(self, rollout: Rollout[ExampleT]) -> None:
+        self._runner = RolloutRunner(rollout, self._runner.reward_fn, self.config.max_concurrency)
 
     # -- the schedule ----------------------------------------------------------------------
 
@@ -225,6 +290,6 @@ class Trainer[ExampleT]:
     async def run_one(
         self, example_id: str, example: ExampleT, split: str, step: int, rollout: int
     ) -> Trajectory:
-        """One run of ``example`` in its own trajectory (see :func:`run_rollout`)."""
+        """One run of ``example`` in its own trajectory, with its reward."""
         metadata: dict[str, MetadataValue] = {"split": split, "step": step, "rollout": rollout}
-        return await run_rollout(self.rollout, self.reward_fn, example_id, example, metadata)
+        return await self._runner.run(example_id, example, metadata)

@@ -1,0 +1,159 @@
+"""The mistakes a new user makes with the Trainer: each works, or fails at once with the fix."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import art
+import pytest
+
+import arttrace as at
+from arttrace.testing import Reply, ScriptedLLM
+from test_trainer import Agent, RecordingBackend, dataset, journaled, make
+
+
+@pytest.fixture(autouse=True)
+def _instrumented(instrumented: None) -> None:
+    pass
+
+
+async def test_a_sync_rollout_runs_in_a_thread_in_the_runs_context(tmp_path, clients):
+    """A sync agent (sync OpenAI client) is a valid rollout: it runs in a worker thread, at most
+    max_concurrency at a time, and its calls and reward belong to its run."""
+    client, _ = clients(ScriptedLLM(lambda r: Reply("answer to " + r["messages"][-1]["content"])))
+    lock, active, peak, threads = threading.Lock(), [0], [0], set()
+
+    @at.trainable
+    def solve(question: str) -> str:
+        r = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": question}]
+        )
+        return r.choices[0].message.content or ""
+
+    def rollout(example: dict[str, Any]) -> str:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+            threads.add(threading.current_thread().name)
+            k = at.current_trajectory().metadata["rollout"]
+        try:
+            answer = solve(example["q"])
+        finally:
+            with lock:
+                active[0] -= 1
+        at.current_trajectory().reward = float(k) % 2  # type: ignore[arg-type]
+        return answer
+
+    backend = RecordingBackend()
+    trainer = make(tmp_path, Agent(), backend, train_dataset=dataset(3), max_concurrency=3)
+    trainer.rollout = rollout
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 0 and result.metrics["groups_kept"] == 3
+    for group in backend.calls[0][0]:
+        assert sorted(t.reward for t in group.trajectories) == [0.0, 0.0, 1.0, 1.0]
+        for t in group.trajectories:
+            user, choice = t.messages_and_choices
+            assert choice.logprobs is not None  # type: ignore[union-attr]
+            assert choice.message.content == "answer to " + user["content"]  # type: ignore[index,union-attr]
+    assert peak[0] <= 3 and all(name.startswith("arttrace-rollout") for name in threads)
+
+
+async def test_a_sync_function_returning_a_coroutine_is_awaited(tmp_path):
+    agent = Agent()
+    backend = RecordingBackend()
+    trainer = make(tmp_path, agent, backend, train_dataset=dataset(2))
+    trainer.rollout = lambda example: agent.rollout(example)
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 0 and result.metrics["groups_kept"] == 2
+
+
+def test_what_cannot_be_a_rollout_is_refused_at_construction(tmp_path):
+    async def agen(example: Any) -> Any:
+        yield 1.0
+
+    def gen(example: Any) -> Iterator[float]:
+        yield 1.0
+
+    for bad, says in [
+        (agen, "'agen' is a generator function"),
+        (gen, "'gen' is a generator function"),
+        ("solve", "rollout must be a function of one example, got str"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            at.Trainer(None, RecordingBackend(), bad, dataset(1), output_dir=tmp_path)  # type: ignore[arg-type]
+
+
+def test_datasets_are_read_once_and_an_empty_one_is_refused(tmp_path):
+    model: Any = None
+    with pytest.raises(ValueError, match=r"train_dataset is empty.*generator already consumed"):
+        at.Trainer(model, RecordingBackend(), Agent().rollout, iter([]), output_dir=tmp_path)
+    examples = (e for e in dataset(5))
+    exhausted = list(examples)
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        at.Trainer(model, RecordingBackend(), Agent().rollout, examples, output_dir=tmp_path)
+    with pytest.raises(ValueError, match="val_dataset must be an iterable of examples"):
+        at.Trainer(
+            model,
+            RecordingBackend(),
+            Agent().rollout,
+            exhausted,
+            val_dataset=3,
+            output_dir=tmp_path,
+        )
+    trainer = make(tmp_path, Agent(), train_dataset=(e for e in exhausted), groups_per_step=2)
+    assert trainer.steps_per_epoch == 3
+    epoch_of = [trainer.batch(s) for s in range(6)]
+    assert sorted(i for epoch, batch in epoch_of if epoch == 1 for i in batch) == list(range(5))
+
+
+async def test_a_generator_dataset_trains_over_several_epochs(tmp_path):
+    backend = RecordingBackend()
+    trainer = make(tmp_path, Agent(), backend, train_dataset=(e for e in dataset(2)))
+    results = await trainer.train(num_epochs=2)
+    assert [r.epoch for r in results] == [0, 1] and len(backend.calls) == 2
+
+
+async def test_a_rollout_that_opens_its_own_trajectory_is_told_what_to_do(tmp_path):
+    """The README quickstart's `with at.trajectory(...) as t:` pasted into a rollout."""
+    agent = Agent()
+
+    async def rollout(example: dict[str, Any]) -> None:
+        with at.trajectory(example["id"]) as t:
+            await agent._solve(example["q"])
+            t.reward = 1.0
+
+    trainer = make(tmp_path, agent, train_dataset=dataset(1), max_exceptions=1.0)
+    trainer.rollout = rollout
+    assert (await trainer.step()).metrics["exceptions"] == 4
+    message = journaled(tmp_path / "out", 0)[0]["trajectory"]["exception"]["message"]
+    assert "opens its own `arttrace.trajectory()`" in message
+    assert "remove that `with` block" in message
+    assert "arttrace.current_trajectory().reward = ..." in message
+
+
+def test_an_unknown_keyword_is_refused_with_the_closest_name(tmp_path):
+    agent = Agent()
+    with pytest.raises(ValueError, match=r"'groups_per_stp' \(did you mean 'groups_per_step'\?\)"):
+        make(tmp_path, agent, train_dataset=dataset(1), groups_per_stp=4)
+    with pytest.raises(ValueError, match=r"'kl_penalty_coeff' \(did you mean 'kl_penalty_coef'"):
+        make(tmp_path, agent, train_dataset=dataset(1), kl_penalty_coeff=0.1)
+    with pytest.raises(ValueError, match="'frobnicate': it is neither a Trainer parameter"):
+        make(tmp_path, agent, train_dataset=dataset(1), frobnicate=True)
+
+    serverless = art.ServerlessBackend(base_url="http://127.0.0.1:9/v1", api_key="k")
+    # LocalBackend takes it, ServerlessBackend does not: checked against its own signature
+    with pytest.raises(ValueError, match=r"ServerlessBackend.train\(\) accepts"):
+        make(tmp_path, agent, serverless, train_dataset=dataset(1), grad_accumulation_sequences=2)
+    trainer = make(tmp_path, agent, serverless, train_dataset=dataset(1), kl_penalty_step_lag=1)
+    assert trainer.config.train_kwargs == {"kl_penalty_step_lag": 1}
+
+
+def test_every_trainer_parameter_is_documented_in_its_docstring():
+    doc = inspect.getdoc(at.Trainer) or ""
+    documented = set(re.findall(r"^ {4}\**(\w+):", doc, re.MULTILINE))
+    parameters = set(inspect.signature(at.Trainer).parameters)
+    assert parameters <= documented, parameters - documented
