@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from . import integrations
-from .capture import _context
+from .capture import _context, _threads
 from .capture._calls import Settings
 from .capture._imports import when_imported
 
@@ -28,6 +28,8 @@ _SHIM = "arttrace.capture._openai"
 def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
     """Capture every Chat Completions call made through the OpenAI SDK, and hook the
     frameworks that are installed (LangChain, LlamaIndex, Google ADK) when they are imported.
+    Threads started or submitted inside a run (``threading.Thread``, ``ThreadPoolExecutor``,
+    ``loop.run_in_executor``) carry the run, so their calls are recorded in it.
 
     Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
     :class:`arttrace.Settings` for the two options.
@@ -36,6 +38,7 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
     _context.set_shim_settings(Settings(request_training_data, export_tokens))
     if first:
         when_imported("openai", _patch_openai)
+    _threads.install()
     integrations.hook_frameworks()
 
 
@@ -45,6 +48,7 @@ def uninstrument() -> None:
     if _context.shim_settings() is None:
         return
     integrations.unhook_frameworks()
+    _threads.uninstall()
     shim = sys.modules.get(_SHIM)
     if shim is not None:
         shim.unpatch()
