@@ -405,6 +405,27 @@ async def test_a_failed_model_call_is_recorded_once_with_its_error(
     assert "no reply left" in (call.error or "") and not call.choices
 
 
+async def test_a_failure_inside_the_plugin_never_reaches_the_agent(
+    server: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection into arttrace's own code: a plugin callback that fails is logged and
+    swallowed (ADK would fail the run); the call it was recording is kept, marked."""
+    from arttrace.integrations import google_adk
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(google_adk, "_finish", broken)
+    llm = ScriptedLLM([Reply("3.")])
+    agent = calc_agent(server(llm).base_url)
+    runner = InMemoryRunner(app=App(name="app", root_agent=agent, plugins=[ArttracePlugin()]))
+    async with at.trajectory("fault") as t:
+        events = await ask(runner, await new_session(runner), "1+2?")
+    assert events[-1].content.parts[0].text == "3."
+    (call,) = t.calls
+    assert call.source == "google_adk" and "injected" in (call.capture_error or "")
+
+
 # -- without exact tokens: one warning that says what to do ------------------------------------
 
 

@@ -453,6 +453,22 @@ def test_headers_in_model_kwargs_are_never_recorded(llm_server):
     assert secret not in t.to_art().model_dump_json()
 
 
+def test_a_failure_inside_the_handler_never_reaches_the_caller(llm_server, monkeypatch):
+    """Fault injection into arttrace's own code: a callback that fails is logged and swallowed;
+    the call it was recording is kept, marked."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(lc, "_choice", broken)
+    s = llm_server(["Hi."])
+    with at.trajectory("fault") as t:
+        answer = model(s).invoke("Hello", {"callbacks": [ArttraceCallbackHandler()]})
+    assert answer.content == "Hi."
+    (call,) = t.calls
+    assert call.source == "langchain" and "injected" in (call.capture_error or "")
+
+
 async def test_explicit_handler_with_wrapped_clients_is_trainable_without_a_global_patch(
     llm_server,
 ):

@@ -649,6 +649,26 @@ async def test_headers_in_additional_kwargs_are_never_recorded(server):
     assert secret not in t.to_art().model_dump_json()
 
 
+async def test_a_failure_inside_the_handler_never_reaches_the_caller(server, monkeypatch):
+    """Fault injection into arttrace's own code: a handler that fails is logged and swallowed;
+    the call it was recording is kept, marked."""
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(li, "_finish", broken)
+    llm = make_llm(server(ScriptedLLM(["Hi."])))
+    li.attach()
+    try:
+        async with at.trajectory("fault") as t:
+            response = await llm.achat([ChatMessage(role="user", content="Hello")])
+    finally:
+        li.detach()
+    assert response.message.content == "Hi."
+    (call,) = t.calls
+    assert call.source == "llama_index" and "injected" in (call.capture_error or "")
+
+
 async def test_handler_with_wrapped_clients_is_trainable_without_instrument(server):
     """The fix the warning gives: clients wrapped with at.wrap_openai, no global patch."""
     url = server(ScriptedLLM(["wrapped"])).base_url
