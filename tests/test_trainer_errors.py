@@ -85,6 +85,15 @@ def test_what_cannot_be_a_rollout_is_refused_at_construction(tmp_path):
     ]:
         with pytest.raises(ValueError, match=re.escape(says)):
             at.Trainer(None, RecordingBackend(), bad, dataset(1), output_dir=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reward_fn must be a function of"):
+        at.Trainer(
+            None,  # type: ignore[arg-type]
+            RecordingBackend(),
+            Agent().rollout,
+            dataset(1),
+            reward_fn=1.0,  # type: ignore[arg-type]
+            output_dir=tmp_path,
+        )
 
 
 def test_datasets_are_read_once_and_an_empty_one_is_refused(tmp_path):

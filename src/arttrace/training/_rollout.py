@@ -74,6 +74,11 @@ class RolloutRunner[ExampleT]:
         max_concurrency: int,
     ) -> None:
         check_rollout(rollout)
+        if reward_fn is not None and not callable(reward_fn):
+            raise ConfigurationError(
+                "reward_fn must be a function of (example, output) returning the reward, got "
+                f"{type(reward_fn).__name__} {reward_fn!r:.80}"
+            )
         self.rollout, self.reward_fn = rollout, reward_fn
         self._async = is_async(rollout)
         self._max_threads = max_concurrency
