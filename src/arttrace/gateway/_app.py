@@ -101,13 +101,14 @@ class GatewayApp:
             parsed = _json_object(body)
             if parsed is not None:
                 with guarded("the gateway opening a call's record"):
-                    recorder, sent = open_recorder(run, path, parsed, self.upstream.client, secrets)
+                    recorder, sent = open_recorder(run, path, parsed, self.upstream.server, secrets)
                     if sent is not parsed:
                         body = _dumps(sent)
+        client = self.upstream.client(run_id)
         upstream_request = self.upstream.request(
-            request.method, path, request.scope["query_string"], headers, body
+            client, request.method, path, request.scope["query_string"], headers, body
         )
-        return Relay(self.upstream, upstream_request, recorder, secrets)
+        return Relay(self.upstream, client, upstream_request, recorder, secrets)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

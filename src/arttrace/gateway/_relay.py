@@ -10,6 +10,7 @@ stream the upstream cuts is cut for the caller too. Both mark the call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import anyio
 import httpx
@@ -38,6 +39,9 @@ _NOT_FORWARDED = frozenset(
         TOKEN_HEADER,
     }
 )
+_POOLS = 16
+"""Connection pools to the upstream. An httpx pool scans all its connections on each request
+and each response's end: 1,000 streams in one pool cost ~30 s of CPU in those scans alone."""
 _NOT_RETURNED = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "te", "trailer", "transfer-encoding"}
 )
@@ -49,31 +53,43 @@ class Upstream:
     def __init__(self, base_url: str, timeout: float | None, api_key: str | None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout, self.api_key = timeout, api_key
-        self._client: httpx.AsyncClient | None = None
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        assert self._client is not None, "the gateway's server has not started"
-        return self._client
+        self.server = SimpleNamespace(base_url=httpx.URL(self.base_url))
+        """What a call's span says of the server (``server.address``, ``server.port``)."""
+        self._clients: list[httpx.AsyncClient] = []
 
     async def start(self) -> None:
-        """Open the connection pool, in the server's event loop (no limit on connections: a
-        pool limit would queue rollouts behind each other)."""
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
-            trust_env=False,  # straight to the upstream, never through an environment proxy
-        )
+        """Open the connection pools, in the server's event loop (no limit on connections: a
+        limit would queue rollouts behind each other)."""
+        self._clients = [
+            httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+                trust_env=False,  # straight to the upstream, never through an environment proxy
+            )
+            for _ in range(_POOLS)
+        ]
 
     async def stop(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
+
+    def client(self, run_id: str) -> httpx.AsyncClient:
+        """The pool of ``run_id``'s calls (the same each time: a multi-turn agent's calls
+        reuse its connections)."""
+        assert self._clients, "the gateway's server has not started"
+        return self._clients[hash(run_id) % len(self._clients)]
 
     def request(
-        self, method: str, path: str, query: bytes, headers: httpx.Headers, body: bytes
+        self,
+        client: httpx.AsyncClient,
+        method: str,
+        path: str,
+        query: bytes,
+        headers: httpx.Headers,
+        body: bytes,
     ) -> httpx.Request:
         url = f"{self.base_url}/{path}" + (f"?{query.decode('latin-1')}" if query else "")
-        return self.client.build_request(method, url, headers=headers, content=body)
+        return client.build_request(method, url, headers=headers, content=body)
 
 
 def upstream_headers(
@@ -120,11 +136,12 @@ class Relay(Response):
     def __init__(
         self,
         upstream: Upstream,
+        client: httpx.AsyncClient,
         request: httpx.Request,
         recorder: Recorder | None,
         secrets: tuple[str, ...],
     ) -> None:
-        self.upstream, self.upstream_request = upstream, request
+        self.upstream, self.client, self.upstream_request = upstream, client, request
         self.recorder, self.secrets = recorder, secrets
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -138,7 +155,7 @@ class Relay(Response):
 
     async def _forward(self, send: Send, state: _State) -> None:
         try:
-            answer = await self.upstream.client.send(self.upstream_request, stream=True)
+            answer = await self.client.send(self.upstream_request, stream=True)
         except httpx.HTTPError as error:
             self._record("failed", error, partial=False)
             state.answered = True

@@ -96,6 +96,7 @@ class Runs:
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        self._attached = 0
         self._journal: Journal | None = None
         self._slots: dict[int, _StepSlots] = {}
 
@@ -112,7 +113,10 @@ class Runs:
         with self._lock:
             run = self._by_trajectory.get(trajectory)
             if run is None:
-                self._forget_ended()
+                self._attached += 1
+                if self._attached > len(self._runs) // 2 + 64:  # amortised O(1) per run
+                    self._attached = 0
+                    self._forget_ended()
                 run = Run(_new_id(), trajectory, options)
                 self._runs[run.id] = self._by_trajectory[trajectory] = run
             if run.otel is None and current:  # its calls become children of its span
