@@ -443,3 +443,58 @@ def test_malformed_stream_raises_the_sdk_error_and_marks_the_call(respx_mock):
     (call,) = t.calls
     assert call.partial and plain.__name__ in call.error
     assert call.choices[0].message["content"] == "fine"  # the token that arrived whole
+
+
+# -- a trajectory that has ended is frozen ------------------------------------------------------
+
+
+async def test_a_task_that_outlives_its_trajectory_adds_nothing_to_it(
+    instrumented, clients, spans, caplog
+):
+    _, client = clients(ScriptedLLM(lambda request: Reply("late")))
+    gate = asyncio.Event()
+
+    async def later() -> None:
+        await gate.wait()
+        for _ in range(2):
+            await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "q"}]
+            )
+
+    async with at.trajectory("ex-late") as t:
+        task = asyncio.create_task(at.trainable(later)())
+    gate.set()
+    await task
+    assert t.calls == [] and t.to_dict()["calls"] == []
+    (dropped,) = [r for r in caplog.records if "had ended" in r.getMessage()]  # logged once
+    assert "'ex-late'" in dropped.getMessage() and "await it" in dropped.getMessage()
+    chat = [s for s in spans.get_finished_spans() if s.name == "chat policy"]
+    assert len(chat) == 2  # their spans still end
+
+
+async def test_a_call_in_flight_at_exit_stays_as_abandoned_when_its_response_arrives(
+    instrumented, clients
+):
+    release = threading.Event()
+
+    def slow(request: dict[str, Any]) -> Reply:
+        release.wait(10)
+        return Reply("arrived after the end")
+
+    llm = ScriptedLLM(slow)
+    _, client = clients(llm)
+    async with at.trajectory("ex") as t:
+        task = asyncio.create_task(
+            at.trainable(client.chat.completions.create)(
+                model="policy", messages=[{"role": "user", "content": "q"}]
+            )
+        )
+        while not llm.requests:
+            await asyncio.sleep(0.01)
+    frozen = t.to_dict()
+    release.set()
+    reply = await task  # the fire-and-forget call itself still succeeds
+    assert reply.choices[0].message.content == "arrived after the end"
+    assert t.to_dict() == frozen
+    (call,) = t.calls
+    assert call.partial and call.choices == [] and "trajectory ended" in (call.error or "")
