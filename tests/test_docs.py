@@ -21,6 +21,7 @@ Writing code blocks in README.md and docs/ (the convention these tests enforce)
 
 from __future__ import annotations
 
+import argparse
 import ast
 import asyncio
 import inspect
@@ -38,6 +39,7 @@ import pytest
 
 import arttrace as at
 from arttrace import _errors
+from arttrace.app.cli import build_parser
 from arttrace.app.cli import main as cli
 from arttrace.capture import _warnings
 from arttrace.testing import ScriptedLLM, serve
@@ -246,18 +248,28 @@ def test_cli_help_is_plain_text_with_every_option_explained(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     top = _help(capsys=capsys)
-    assert "``" not in top and ":func:" not in top
     assert "--version" in top and "demo" in top
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in commands.choices.items():
+        shown = _help(name, capsys=capsys)
+        for text in (top, shown):  # plain text, not reST
+            assert not re.search(r"``|:\w+:`", text), text
+        for action in command._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._HelpAction):
+                continue
+            option = action.option_strings[0]
+            words = (action.help or "").split()
+            assert len(words) >= 2, f"arttrace {name} {option} has no help text"
+            listed = shown.split("\noptions:\n", 1)[1]
+            entry = re.split(rf"^  {re.escape(option)}\b", listed, flags=re.M)[1]
+            entry = entry.split("\n  -", 1)[0]
+            assert "(default:" in entry, f"arttrace {name} {option} shows no default:\n{shown}"
     demo = _help("demo", capsys=capsys)
-    assert "``" not in demo
-    listed = demo.split("\noptions:\n", 1)[1]
-    options = re.findall(r"^  (--[\w-]+)", listed, flags=re.M)
-    assert set(options) >= {"--out", "--examples", "--rollouts", "--steps", "--seed"}
-    for option in options:  # each option has help text that ends with its default
-        entry = listed.split(f"  {option}", 1)[1].split("\n  --", 1)[0]
-        assert "(default:" in entry, f"{option} shows no default:\n{demo}"
-    seed = listed.split("  --seed", 1)[1].split("\n  --", 1)[0]
-    assert len(seed.split("(default:")[0].split()) > 2, "--seed has no help text"
+    assert {"--out", "--examples", "--rollouts", "--steps", "--seed"} <= set(
+        re.findall(r"^  (--[\w-]+)", demo, flags=re.M)
+    )
 
 
 def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
