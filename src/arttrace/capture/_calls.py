@@ -65,7 +65,9 @@ class OpenCall:
         self.call, self.trajectory, self.export_tokens = call, trajectory, export_tokens
         self._done = False
         self._lock = threading.Lock()
-        call.params = scrub_params(call.params)
+        params, call.params = call.params, {}  # none recorded unless scrubbed
+        with guarded("dropping a call's headers and keys", self._mark_unreadable):
+            call.params = scrub_params(params)
         attributes: dict[str, Any] = {}
         with guarded("building a call's span attributes", self._mark_unreadable):
             attributes = _request_attributes(call, trajectory, server)
@@ -134,7 +136,7 @@ class OpenCall:
         log keeps the record; each step guarded, so that one failing does not stop the next."""
         call = self.call
         call.ended_at = time.time()
-        with guarded("ending a call's span", self._mark_unreadable):
+        with guarded("building a call's response attributes", self._mark_unreadable):
             if self.span.is_recording():
                 self.span.set_attributes(_response_attributes(call, self.export_tokens))
         with guarded("ending a call's span"):
@@ -205,10 +207,6 @@ class CallLog:
                 when,
                 self.name,
             )
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
 
     @property
     def in_flight(self) -> int:
