@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import math
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -134,7 +135,7 @@ class RolloutRunner[ExampleT]:
             )
         else:
             return was_set
-        if was_set is not None and was_set != reward:
+        if was_set is not None and not math.isclose(was_set, reward, rel_tol=1e-6):
             raise ConfigurationError(
                 f"the rollout set current_trajectory().reward = {was_set!r} but {source} "
                 f"{reward!r}: give the reward one way (to score a returned output, pass "
