@@ -36,6 +36,19 @@ class SteppingBackend(RecordingBackend):
         return len(self.calls)
 
 
+class Hangs(SteppingBackend):
+    """A backend whose train never returns, and has trained nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = asyncio.Event()
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
+        self.entered.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
 class Killed(BaseException):
     """The process dying at this point (nothing after it runs, nothing catches it)."""
 
@@ -165,17 +178,10 @@ async def test_killed_after_training_the_resumed_run_does_not_train_again(
 
 
 async def test_killed_before_the_backend_trained_the_resumed_run_ships(tmp_path):
-    class Hangs(SteppingBackend):
-        async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
-    agent = Agent()
-    trainer = make(tmp_path, agent, Hangs(), train_dataset=dataset(3))
+    agent, hangs = Agent(), Hangs()
+    trainer = make(tmp_path, agent, hangs, train_dataset=dataset(3))
     step = asyncio.ensure_future(trainer.step())
-    while not (tmp_path / "out" / "journal" / "step-00000" / "shipping.json").exists():
-        await asyncio.sleep(0.001)
-    await asyncio.sleep(0.01)
+    await hangs.entered.wait()
     step.cancel()  # Ctrl-C while train hangs: nothing was trained
     with pytest.raises(asyncio.CancelledError):
         await step
@@ -244,11 +250,6 @@ async def test_garbage_from_train_fails_the_step_and_the_resume_trains_again(tmp
 
 
 async def test_a_hanging_backend_times_out_and_the_groups_are_kept(tmp_path):
-    class Hangs(SteppingBackend):
-        async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
     agent = Agent()
     trainer = make(tmp_path, agent, Hangs(), train_dataset=dataset(3), train_timeout=0.05)
     with pytest.raises(at.TrainingError, match=r"did not return within train_timeout=0.05 s"):

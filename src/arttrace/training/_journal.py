@@ -19,15 +19,18 @@ Durability contract:
 - **Power loss** (or an OS crash): what was not yet synced may be lost. The rollouts file is
   synced before its step ships, and ``shipping.json``, ``shipped.json``, ``state.json`` and
   the step's metrics line are synced when written, so a shipped step and its record survive;
-  rollouts finished since are run again. ``.json`` files are written to a temporary name and
-  renamed: each is whole or absent.
+  rollouts finished since the last sync may run again. ``.json`` files are written to a
+  temporary name and renamed: each is whole or absent.
 - **A torn line**: a crash mid-write can only cut the *last* line of a line file short.
   Reading or appending cuts it off, with a warning. Any other unreadable line is damage no
-  crash makes: reading fails with a :class:`JournalError` naming the file and line, and
-  nothing is deleted.
-- **Exactly once**: ``shipping.json`` records the backend's step before training. A resumed
-  run that finds it without ``shipped.json`` asks the backend for its step: moved on means
-  the step was trained (it is recorded, not shipped again); unmoved means it ships again.
+  process crash makes (an edit, a disk fault, power loss in a file not yet synced): reading
+  fails with a :class:`JournalError` naming the file and line, and nothing is deleted.
+- **Exactly once**: ``shipping.json`` records the backend's step (``_get_step``) before
+  training. Where a call's outcome is unknown (a retry after a failure; a resumed run that
+  finds ``shipping.json`` without ``shipped.json``) the backend is asked again: moved on means
+  trained (recorded, not shipped again), unmoved means it ships again. If the backend cannot
+  say and the last call did not visibly fail, the resume stops with a ``TrainingError`` that
+  says how to go on (``_ship``).
 - **One process**: :class:`RunLock` is an exclusive ``fcntl.flock`` on ``.lock``, held while
   a step, validation or ``train()`` runs. The OS releases it when the holder exits, however.
 """
