@@ -185,14 +185,14 @@ def step_span(
 def end_span(span: Span, error: BaseException | str | None = None) -> None:
     """End a step's span; with ``error`` (what the step raised, or the text of a failure the
     framework reported as a result) it ends failed, secrets redacted as on a call's span."""
-    with guarded("ending a framework step's span"):
+    with guarded("marking a framework step's span failed"):
         if isinstance(error, BaseException):
             span.record_exception(error, attributes=exception_attributes(error))
             span.set_attribute("error.type", type(error).__qualname__)
             span.set_status(Status(StatusCode.ERROR, redact(str(error))))
         elif error is not None:
             span.set_status(Status(StatusCode.ERROR, redact(error)))
-        span.end()
+    span.end()
 
 
 # -- never break the app --------------------------------------------------------------------

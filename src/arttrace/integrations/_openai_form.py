@@ -65,6 +65,16 @@ def tool_specs(
     return out or None
 
 
+def token_logprob(token: Any, logprob: Any, top: Iterable[tuple[Any, Any]] = ()) -> dict[str, Any]:
+    """One sampled token's entry in OpenAI-form logprobs (``logprobs.content[i]``), with its
+    ``top`` alternatives as ``(token, logprob)`` pairs."""
+    return {
+        "token": token,
+        "logprob": logprob,
+        "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top],
+    }
+
+
 def usage(prompt: Any, completion: Any, total: Any = None) -> dict[str, int] | None:
     """A Chat Completions ``usage`` from a framework's token counts (those it has)."""
     counts = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}

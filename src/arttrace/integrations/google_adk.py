@@ -37,7 +37,7 @@ from ..capture._records import field_of
 from ..capture._unwrap import mark, ours, unwrap
 from ._core import Fix, FrameworkCall, choice_record, end_span, guard_async, step_span
 from ._inflight import InFlight
-from ._openai_form import function_tool, json_text, tool_call, usage
+from ._openai_form import function_tool, json_text, token_logprob, tool_call, usage
 
 if TYPE_CHECKING:
     from google.adk.agents.base_agent import BaseAgent
@@ -535,21 +535,13 @@ def _logprobs(response: Any) -> list[dict[str, Any]]:
     entries = []
     for i, candidate in enumerate(chosen):
         alternatives = field_of(top[i], "candidates") or () if i < len(top) else ()
-        entries.append(
-            {
-                "token": field_of(candidate, "token") or "",
-                "logprob": float(field_of(candidate, "log_probability") or 0.0),
-                "token_id": field_of(candidate, "token_id"),
-                "top_logprobs": [
-                    {
-                        "token": field_of(a, "token") or "",
-                        "logprob": float(field_of(a, "log_probability") or 0.0),
-                    }
-                    for a in alternatives
-                ],
-            }
-        )
+        entry = token_logprob(*_token(candidate), [_token(a) for a in alternatives])
+        entries.append({**entry, "token_id": field_of(candidate, "token_id")})
     return entries
+
+
+def _token(candidate: Any) -> tuple[str, float]:
+    return field_of(candidate, "token") or "", float(field_of(candidate, "log_probability") or 0.0)
 
 
 def _finish_reason(response: Any, message: Mapping[str, Any]) -> str:

@@ -56,7 +56,7 @@ from ..capture._guard import guarded
 from ..capture._records import field_of
 from ._core import Fix, FrameworkCall, choice_record, end_span, guard, step_span
 from ._inflight import InFlight
-from ._openai_form import tool_call, tool_specs, usage_of
+from ._openai_form import token_logprob, tool_call, tool_specs, usage_of
 
 __all__ = [
     "FIX",
@@ -156,17 +156,11 @@ class _Pending:
             if isinstance(content, list):
                 if self.logprobs is None:
                     self.logprobs = []
-                self.logprobs.extend(
-                    {
-                        "token": field_of(t, "token"),
-                        "logprob": field_of(t, "logprob"),
-                        "top_logprobs": [
-                            {"token": field_of(a, "token"), "logprob": field_of(a, "logprob")}
-                            for a in field_of(t, "top_logprobs") or ()
-                        ],
-                    }
-                    for t in content
-                )
+                for t in content:
+                    top = [(field_of(a, "token"), field_of(a, "logprob")) for a in _top(t)]
+                    self.logprobs.append(
+                        token_logprob(field_of(t, "token"), field_of(t, "logprob"), top)
+                    )
             ids = field_of(choice, "token_ids")
             if isinstance(ids, list):
                 self.token_ids = [*(self.token_ids or ()), *ids]
@@ -580,6 +574,11 @@ def _params(llm: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+def _top(token: Any) -> Sequence[Any]:
+    top = field_of(token, "top_logprobs")
+    return top if isinstance(top, Sequence) else ()
 
 
 def _key(span_id: str | None, messages: Sequence[Any]) -> Any:
