@@ -19,7 +19,7 @@ import pydantic
 import pytest
 
 import arttrace as at
-from arttrace.capture import _calls, _chat, _context, _guard, _warnings
+from arttrace.capture import _calls, _chat, _context, _guard, _trainable, _trajectory, _warnings
 from arttrace.capture._calls import CallLog, OpenCall
 from arttrace.capture._chat import Capture, _StreamedChoice
 from arttrace.capture._records import UNREADABLE
@@ -430,3 +430,24 @@ def test_the_shapes_are_valid_for_the_sdk_itself():
             ),
         )
         list(client.chat.completions.create(model="policy", messages=USER, stream=True))
+
+
+def test_a_fault_while_recording_the_callers_exception_leaves_it_alone(
+    instrumented, spans, monkeypatch
+):
+    def boom(error: BaseException) -> Any:
+        raise RuntimeError("fault injected into exception_attributes")
+
+    for module in (_trajectory, _trainable):
+        monkeypatch.setattr(module, "exception_attributes", boom)
+
+    class Mine(Exception):
+        pass
+
+    @at.trainable
+    def agent() -> None:
+        raise Mine("the caller's own")
+
+    with pytest.raises(Mine, match="the caller's own"), at.trajectory("ex") as t:
+        agent()
+    assert t.exception is not None and t.exception["type"].endswith("Mine")

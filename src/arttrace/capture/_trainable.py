@@ -14,6 +14,7 @@ from opentelemetry.trace import Span
 
 from . import _context
 from ._context import TrainableScope
+from ._guard import guarded
 from ._redact import exception_attributes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,7 +71,8 @@ def _span(scope: TrainableScope) -> Iterator[Span]:
     try:
         yield span
     except BaseException as error:
-        span.record_exception(error, attributes=exception_attributes(error))
+        with guarded("recording a @trainable function's exception"):
+            span.record_exception(error, attributes=exception_attributes(error))
         raise
     finally:
         span.end()

@@ -89,13 +89,12 @@ class Trajectory:
         with guarded("ending a trajectory's calls"):
             self.call_log.freeze("the trajectory ended before the call finished")
         if exc is not None:
-            text = exception_attributes(exc)
-            self.exception = {
-                "type": type(exc).__qualname__,
-                "message": text["exception.message"],
-                "traceback": text["exception.stacktrace"],
-            }
-            span.record_exception(exc, attributes=text)
+            self.exception = {"type": type(exc).__qualname__, "message": "", "traceback": ""}
+            with guarded("recording a trajectory's exception"):
+                text = exception_attributes(exc)
+                self.exception["message"] = text["exception.message"]
+                self.exception["traceback"] = text["exception.stacktrace"]
+                span.record_exception(exc, attributes=text)
         if self._reward is not None:
             span.set_attribute("arttrace.reward", self._reward)
         span.end()
