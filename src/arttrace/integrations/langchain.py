@@ -6,9 +6,9 @@
     handler = ArttraceCallbackHandler()
     agent.invoke(inputs, config={"callbacks": [handler]})
 
-Each chat model call becomes one :class:`~arttrace.framework.FrameworkCall` (messages, tools
-and logprobs in OpenAI form). When ``ChatOpenAI``'s request also went through the OpenAI shim,
-the trajectory keeps that call once, with the shim's exact tokens and LangChain's names.
+Each chat model call becomes one record (messages, tools and logprobs in OpenAI form). When
+``ChatOpenAI``'s request also went through the OpenAI shim, the trajectory keeps that call once,
+with the shim's exact tokens and LangChain's names.
 Spans: one ``invoke_agent`` span per top-level run (the graph or chain you invoked) and per
 LangGraph node, one ``execute_tool`` span per tool run; the runnables in between (prompts,
 parsers, sequences, routers) get none, their children nest under the nearest span above.
