@@ -17,8 +17,9 @@ from starlette.types import Receive, Scope, Send
 
 from ..capture import _context
 from ..capture._guard import guarded
+from ..capture._redact import remember, remember_headers
 from ._recorders import Recorder, open_recorder
-from ._relay import TOKEN_HEADER, Relay, Upstream, secrets_of, upstream_headers
+from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
 from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
 
 _RECORDED = ("chat/completions", "responses")
@@ -32,6 +33,8 @@ class GatewayApp:
         self, runs: Runs, upstream: Upstream, options: RunOptions, token: str | None
     ) -> None:
         self.runs, self.upstream, self.token = runs, upstream, token
+        remember(token)  # the gateway's keys are blanked out of records too
+        remember(upstream.api_key)
         api = RunAPI(runs, options)
         self.app = Starlette(
             routes=[
@@ -95,20 +98,20 @@ class GatewayApp:
             drop_authorization=any(n == b"authorization" and self._is_token(v) for n, v in raw),
             api_key=self.upstream.api_key,
         )
-        secrets = secrets_of(raw, self.upstream.api_key, self.token)
+        remember_headers(request.headers)  # the caller's keys are blanked out of records
         recorder: Recorder | None = None
         if request.method == "POST" and path in _RECORDED:
             parsed = _json_object(body)
             if parsed is not None:
                 with guarded("the gateway opening a call's record"):
-                    recorder, sent = open_recorder(run, path, parsed, self.upstream.server, secrets)
+                    recorder, sent = open_recorder(run, path, parsed, self.upstream.server)
                     if sent is not parsed:
                         body = _dumps(sent)
         client = self.upstream.client(run_id)
         upstream_request = self.upstream.request(
             client, request.method, path, request.scope["query_string"], headers, body
         )
-        return Relay(self.upstream, client, upstream_request, recorder, secrets)
+        return Relay(self.upstream, client, upstream_request, recorder)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

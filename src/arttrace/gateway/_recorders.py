@@ -24,6 +24,7 @@ from ..capture._calls import OpenCall, Settings
 from ..capture._chat import Capture, message_dict, with_training_fields
 from ..capture._guard import guarded
 from ..capture._records import ChoiceRecord, LLMCall, jsonable
+from ..capture._redact import redact
 from ..capture._warnings import warn_untrainable
 from ._runs import Run
 
@@ -48,22 +49,21 @@ class Recorder(Protocol):
 
 
 def open_recorder(
-    run: Run, path: str, body: dict[str, Any], server: Any, secrets: tuple[str, ...]
+    run: Run, path: str, body: dict[str, Any], server: Any
 ) -> tuple[Recorder, dict[str, Any]]:
     """The recorder of a call to ``path`` in ``run``, and the body to send upstream (asking for
-    exact tokens on a policy call when the run says so; sampling parameters are never touched).
-    ``secrets`` (the request's keys) are blanked out of any upstream error text it keeps."""
+    exact tokens on a policy call when the run says so; sampling parameters are never touched)."""
     trajectory = _context.current_trajectory_var.set(run.trajectory)
     scopes = _context.trainable_scopes.set((run.options.scope,))
     attached = otel_context.attach(run.otel) if run.otel is not None else None
     try:
         if path == "responses":
-            return _ResponsesCall(run, body, server, secrets), body
+            return _ResponsesCall(run, body, server), body
         policy = _context.policy_scope(str(body.get("model", ""))) is not None
         if policy and run.options.request_training_data:
             body = training_fields(body)
         settings = Settings(request_training_data=False, export_tokens=run.options.export_tokens)
-        return _ChatCall(Capture(body, settings, server), secrets), body
+        return _ChatCall(Capture(body, settings, server)), body
     finally:
         if attached is not None:
             otel_context.detach(attached)
@@ -80,29 +80,19 @@ def training_fields(body: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, **extra}
 
 
-def redact(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret (the caller's and the gateway's keys) replaced by ``***``."""
-    for secret in secrets:
-        if len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
-
-
 class _ChatCall:
     """A Chat Completions call, parsed by the capture core."""
 
-    __slots__ = ("capture", "done", "secrets")
+    __slots__ = ("capture", "done")
 
-    def __init__(self, capture: Capture, secrets: tuple[str, ...]) -> None:
-        self.capture, self.secrets = capture, secrets
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
         self.done = False
 
     def whole(self, status: int, data: bytes) -> None:
         self.done = True
         if status >= 400:
-            self.capture.fail(
-                UpstreamError(f"the upstream answered {status}: {_excerpt(data, self.secrets)}")
-            )
+            self.capture.fail(UpstreamError(f"the upstream answered {status}: {_excerpt(data)}"))
             return
         with guarded("the gateway reading a Chat Completions response", self._unreadable):
             self.capture.complete(ChatCompletion.model_validate_json(data))
@@ -120,7 +110,7 @@ class _ChatCall:
                 event = orjson.loads(data)
                 if isinstance(event, dict) and "error" in event:  # vLLM's error in a stream
                     self.failed(
-                        UpstreamError(f"the upstream sent {_excerpt(data, self.secrets)}"),
+                        UpstreamError(f"the upstream sent {_excerpt(data)}"),
                         partial=True,
                     )
                     return
@@ -150,12 +140,9 @@ class _ChatCall:
 class _ResponsesCall(OpenCall):
     """A Responses API call, kept as context: its input, and its output's text and calls."""
 
-    __slots__ = ("secrets",)
+    __slots__ = ()
 
-    def __init__(
-        self, run: Run, body: dict[str, Any], server: Any, secrets: tuple[str, ...]
-    ) -> None:
-        self.secrets = secrets
+    def __init__(self, run: Run, body: dict[str, Any], server: Any) -> None:
         model = str(body.get("model", ""))
         policy = run.options.scope.accepts(model)
         tools = body.get("tools")
@@ -178,9 +165,7 @@ class _ResponsesCall(OpenCall):
 
     def whole(self, status: int, data: bytes) -> None:
         if status >= 400:
-            self.fail(
-                UpstreamError(f"the upstream answered {status}: {_excerpt(data, self.secrets)}")
-            )
+            self.fail(UpstreamError(f"the upstream answered {status}: {_excerpt(data)}"))
             return
         with guarded("the gateway reading a Responses response", self._unreadable):
             self._complete(orjson.loads(data))
@@ -194,7 +179,7 @@ class _ResponsesCall(OpenCall):
             if kind in ("response.completed", "response.incomplete"):
                 self._complete(event["response"])
             elif kind in ("response.failed", "error"):
-                self.fail(UpstreamError(f"the upstream sent {_excerpt(data, self.secrets)}"))
+                self.fail(UpstreamError(f"the upstream sent {_excerpt(data)}"))
 
     def ended(self) -> None:
         self.abandon("the stream ended without a response.completed event")
@@ -243,7 +228,7 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _excerpt(data: bytes, secrets: tuple[str, ...], limit: int = 500) -> str:
+def _excerpt(data: bytes, limit: int = 500) -> str:
     """The start of an upstream's error body, without the keys (a 401 may echo the key)."""
-    text = redact(data.decode("utf-8", "replace"), secrets)
+    text = redact(data.decode("utf-8", "replace"))
     return text[:limit] + ("..." if len(text) > limit else "")
