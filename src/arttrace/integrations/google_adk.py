@@ -657,10 +657,15 @@ async def _acompletion(
         return response
     if kwargs.get("stream"):
         return _IdStream(response, state)
+    with guarded("reading LiteLLM's completion id"):
+        _read_id(state, response)
+    return response
+
+
+def _read_id(state: _ModelCall, response: Any) -> None:
     response_id = getattr(response, "id", None)
     if isinstance(response_id, str):
         state.response_id = response_id
-    return response
 
 
 class _IdStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
@@ -677,7 +682,6 @@ class _IdStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         chunk = await self.__wrapped__.__anext__()
         state = self._self_state
         if state.response_id is None and not state.done:
-            response_id = getattr(chunk, "id", None)
-            if isinstance(response_id, str):
-                state.response_id = response_id
+            with guarded("reading LiteLLM's completion id"):
+                _read_id(state, chunk)
         return chunk
