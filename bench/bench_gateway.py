@@ -95,14 +95,14 @@ def thread_cpu(native_id: int) -> float:
 
 def report(name: str, direct: list[tuple[float, float]], via: list[tuple[float, float]]) -> None:
     print(f"\n{name}: {len(direct)} calls per arm, ms")
-    print(f"  {'':22}{'p50':>9}{'p99':>9}")
+    print(f"  {'':22}{'p50':>10}{'p99':>10}")
     added = {}
     for k, label in ((0, "first byte"), (1, "last byte")):
         d, g = [x[k] * 1e3 for x in direct], [x[k] * 1e3 for x in via]
-        print(f"  {label + ', direct':22}{pct(d, 50):9.2f}{pct(d, 99):9.2f}")
-        print(f"  {label + ', gateway':22}{pct(g, 50):9.2f}{pct(g, 99):9.2f}")
+        print(f"  {label + ', direct':22}{pct(d, 50):10.1f}{pct(d, 99):10.1f}")
+        print(f"  {label + ', gateway':22}{pct(g, 50):10.1f}{pct(g, 99):10.1f}")
         added[label] = (pct(g, 50) - pct(d, 50), pct(g, 99) - pct(d, 99))
-        print(f"  {label + ', added':22}{added[label][0]:9.2f}{added[label][1]:9.2f}")
+        print(f"  {label + ', added':22}{added[label][0]:10.2f}{added[label][1]:10.2f}")
     if name.startswith("1 stream"):
         for label, (p50, p99) in added.items():
             verdict = "PASS" if p50 <= TARGET_P50_MS and p99 <= TARGET_P99_MS else "MISS"

@@ -17,7 +17,8 @@ import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.gateway import Gateway
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
-from test_gateway_support import TOOLS, RecordingUpstream
+from conftest import TOOLS
+from test_gateway_support import RecordingUpstream
 
 
 @pytest.fixture(autouse=True)
@@ -409,3 +410,17 @@ async def test_async_context_manager_and_calls_from_the_event_loop() -> None:
             )
     assert response.status_code == 200
     assert t.trainable_turns == 1
+
+
+def test_an_answer_arttrace_cannot_read_reaches_the_caller_and_marks_the_call() -> None:
+    def odd(headers: dict[str, str], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, {"id": "x", "choices": "not a list"}
+
+    upstream = RecordingUpstream(fail=odd)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        response = client.post(f"{gateway.url(t)}/chat/completions", json=body)
+    assert response.status_code == 200
+    assert response.content == upstream.exchanges[0].answered
+    (call,) = t.calls
+    assert call.capture_error is not None and t.trainable_turns == 0

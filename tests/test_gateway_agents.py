@@ -17,7 +17,8 @@ import pytest
 import arttrace as at
 from arttrace.gateway import Gateway
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
-from test_gateway_support import TOOLS, RecordingUpstream
+from conftest import TOOLS
+from test_gateway_support import RecordingUpstream
 
 KEY = "sk-agent-key-123456"
 PYTHON_AGENT = """

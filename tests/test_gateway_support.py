@@ -20,21 +20,6 @@ from arttrace.gateway._server import ServerThread
 from arttrace.testing import ScriptedLLM
 from arttrace.testing.llm import StreamCut
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two numbers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
-
 Failure = Callable[[dict[str, str], dict[str, Any]], tuple[int, dict[str, Any]] | None]
 
 

@@ -134,7 +134,7 @@ class _ChatCall:
 
     def _unreadable(self, error: BaseException) -> None:
         self.done = True
-        self.capture.abandon(f"arttrace could not read the upstream's response: {error!r}")
+        self.capture.lost(error)  # kept as context, marked, one warning if a policy turn
 
 
 class _ResponsesCall(OpenCall):
@@ -215,7 +215,7 @@ class _ResponsesCall(OpenCall):
         self._finish()
 
     def _unreadable(self, error: BaseException) -> None:
-        self.abandon(f"arttrace could not read the upstream's response: {error!r}")
+        self.lost(error)
 
 
 def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,6 @@ class Run:
     """For a run opened over HTTP: the context its trajectory was entered in."""
     step: int = 0
     slot: tuple[int, int] = (0, 0)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def summary(self, url: str) -> dict[str, Any]:
         t = self.trajectory
@@ -173,11 +172,13 @@ class Runs:
             self._runs[run.id] = run
         return run
 
-    def close(self, run: Run) -> Path:
-        """End ``run``'s trajectory and append it to the journal; returns the journal file."""
+    def close(self, run: Run) -> Path | None:
+        """End ``run``'s trajectory and append it to the journal; returns the journal file
+        (``None`` if the run was closed already)."""
         assert run.opened is not None and self.out is not None
         with self._lock:
-            self._runs.pop(run.id, None)
+            if self._runs.pop(run.id, None) is None:
+                return None
         run.opened.run(run.trajectory.__exit__, None, None, None)
         journal = self.journal()
         journal.record(run.step, run.slot, run.trajectory)  # open() made the step's folder
@@ -304,25 +305,18 @@ class RunAPI:
         return JSONResponse(run.summary(self.runs.url(run.id)))
 
     async def reward(self, request: Request) -> Response:
-        run, body = await self._owned(request)
+        run = await self._settle(request, require_reward=True)
         if isinstance(run, Response):
             return run
-        try:
-            _set_outcome(run.trajectory, body, require_reward=True)
-        except ConfigurationError as e:
-            return error(400, f"arttrace gateway: {e}")
         return JSONResponse(run.summary(self.runs.url(run.id)))
 
     async def close(self, request: Request) -> Response:
-        run, body = await self._owned(request)
+        run = await self._settle(request, require_reward=False)
         if isinstance(run, Response):
             return run
-        try:
-            _set_outcome(run.trajectory, body, require_reward=False)
-        except ConfigurationError as e:
-            return error(400, f"arttrace gateway: {e}")
-        with run.lock:
-            path = self.runs.close(run)
+        path = self.runs.close(run)
+        if path is None:  # a concurrent close got there first
+            return unknown_run(run.id)
         summary = {**run.summary(self.runs.url(run.id)), "journal": str(path)}
         if run.trajectory.reward is None:
             summary["warning"] = (
@@ -331,22 +325,27 @@ class RunAPI:
             )
         return JSONResponse(summary)
 
-    async def _owned(self, request: Request) -> tuple[Run | Response, dict[str, Any]]:
+    async def _settle(self, request: Request, *, require_reward: bool) -> Run | Response:
+        """The run of the request's path, its reward and metrics set from the body."""
         run_id = request.path_params["run_id"]
         run = self.runs.get(run_id)
         if run is None:
-            return unknown_run(run_id), {}
+            return unknown_run(run_id)
         if run.opened is None:
             return error(
                 409,
                 f"arttrace gateway: run {run_id!r} belongs to a trajectory of the gateway's own "
                 "process: set its reward and end it there",
                 "conflict_error",
-            ), {}
+            )
         body = await _json_object(request, empty_ok=True)
         if isinstance(body, Response):
-            return body, {}
-        return run, body
+            return body
+        try:
+            _set_outcome(run.trajectory, body, require_reward=require_reward)
+        except ConfigurationError as e:
+            return error(400, f"arttrace gateway: {e}")
+        return run
 
 
 def _options(body: dict[str, Any], defaults: RunOptions) -> RunOptions:
