@@ -24,9 +24,18 @@ from .capture._warnings import UntrainableTurnWarning
 
 if TYPE_CHECKING:
     from .gateway import Gateway
-    from .training import Curriculum, DryRunBackend, StepResult, Trainer, TrainingError
+    from .training import (
+        CPUBackend,
+        Curriculum,
+        DryRunBackend,
+        StepResult,
+        Trainer,
+        TrainingError,
+    )
 
-_TRAINING = frozenset({"Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"})
+_TRAINING = frozenset(
+    {"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"}
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -47,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArttraceError",
+    "CPUBackend",
     "ChoiceRecord",
     "Curriculum",
     "DryRunBackend",

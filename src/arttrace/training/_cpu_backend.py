@@ -1,0 +1,402 @@
+"""``CPUBackend``: ART's backend protocol on a CPU, for a small model, with no GPU or download.
+
+It serves the policy on 127.0.0.1 like vLLM (``model.openai_client()`` and any OpenAI client
+work against it) and trains with ART's own pipeline: ``tokenize_trajectory_groups`` →
+``packed_tensors_from_tokenized_results`` → ``loss_fn``, then a torch AdamW step on the full
+weights, which the next request samples from. Each step is checkpointed as a Hugging Face folder
+(``{model base_path}/{project}/models/{name}/checkpoints/{step:04d}``), which
+``CPUBackend(model=...)`` can load again; registering a model that has checkpoints resumes from
+the latest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import art
+import torch
+from art import dev
+from art.loss import LossInputs, LossOffPolicyDiagnosticsAccumulator, loss_fn
+from art.preprocessing.pack import packed_tensors_from_tokenized_results
+from art.preprocessing.tokenize import tokenize_sft_batch, tokenize_trajectory_groups
+
+from .._errors import ConfigurationError, TrainingError
+from ._cpu_model import Policy, attention_pattern, load_policy
+from ._cpu_server import PolicyServer
+
+_log = logging.getLogger("arttrace")
+
+
+class CPUBackend:
+    """An ART backend that samples and trains a small causal LM on this machine's CPU.
+
+    ``model``: a local Hugging Face model folder (it must have a chat template); without one,
+    a random-weight Qwen2 built from ``config`` (fields over
+    :data:`arttrace.training._cpu_model.TINY_QWEN2`) with the offline Qwen2.5 tokenizer.
+    ``threads``: torch's intra-op threads for this process (``None`` leaves torch's default;
+    on a shared machine 1 is often fastest). ``max_tokens``: a request's default completion
+    limit. ``train_embeddings=False`` freezes the token embeddings and output projection: with
+    a 150k vocabulary they are most of a small model's parameters and of its training time.
+    One backend serves and trains one ART model.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_tokens: int = 256,
+        train_embeddings: bool = True,
+    ) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        self.policy: Policy = load_policy(model, config, seed)
+        self.policy.threads = threads
+        if not train_embeddings:
+            for module in (
+                self.policy.model.get_input_embeddings(),
+                self.policy.model.get_output_embeddings(),
+            ):
+                module.weight.requires_grad_(False)
+        self._host, self._port, self._max_tokens = host, port, max_tokens
+        self._server: PolicyServer | None = None
+        self._model: Any = None
+        self._step = 0
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    # -- ART's Backend protocol -------------------------------------------------------------
+
+    async def register(self, model: Any) -> None:
+        if self._model is not None and self._model.name != model.name:
+            raise ConfigurationError(
+                f"this CPUBackend already serves model {self._model.name!r}: create another "
+                f"CPUBackend for {model.name!r}"
+            )
+        if self._model is None and getattr(model, "trainable", False):
+            latest = self._checkpoints(model)
+            if latest:
+                step, folder = latest[-1]
+                await asyncio.to_thread(self._load, folder)
+                self._step = step
+        self._model = model
+
+    async def _prepare_backend_for_training(
+        self, model: Any, config: Any = None
+    ) -> tuple[str, str]:
+        if self._server is None:
+            self._server = PolicyServer(
+                self.policy,
+                self._served_names,
+                host=self._host,
+                port=self._port,
+                max_tokens=self._max_tokens,
+            )
+            await asyncio.to_thread(self._server.start)
+        return self._server.base_url, self._server.api_key
+
+    def _model_inference_name(self, model: Any, step: int | None = None) -> str:
+        return str(model.name)
+
+    async def _get_step(self, model: Any) -> int:
+        return self._step
+
+    async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
+        for step, folder in self._checkpoints(model):
+            if step not in steps_to_keep:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    @contextlib.asynccontextmanager
+    async def exact_adapter_lease(self, model: Any, step: int) -> AsyncIterator[None]:
+        yield  # full weights, updated in place: there is no adapter to hold
+
+    async def close(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            await asyncio.to_thread(server.stop)
+
+    @property
+    def base_url(self) -> str | None:
+        """The server's OpenAI base URL once a model is registered."""
+        return self._server.base_url if self._server else None
+
+    async def train(
+        self,
+        model: Any,
+        trajectory_groups: Iterable[art.TrajectoryGroup],
+        *,
+        learning_rate: float = 5e-6,
+        loss_fn: Literal["cispo", "ppo"] = "cispo",
+        epsilon: float | None = None,
+        epsilon_high: float | None = None,
+        advantage_balance: float = 0.0,
+        scale_rewards: bool = True,
+        importance_sampling_level: Literal[
+            "token", "sequence", "average", "geometric_average"
+        ] = "token",
+        max_negative_advantage_importance_sampling_weight: float | None = None,
+        mask_prob_ratio: bool = False,
+        kimi_k2_tau: float | None = None,
+        allow_training_without_logprobs: bool = False,
+        packed_sequence_length: int | None = None,
+        max_grad_norm: float = 1.0,
+        save_checkpoint: bool = True,
+        **unsupported: Any,
+    ) -> art.TrainResult:
+        """One optimizer step on the groups with ART's loss; returns ART's loss figures
+        (``loss``, ``entropy``, ``probs_corr``, ``grad_norm``, off-policy diagnostics, token
+        counts and seconds). The keyword arguments are ``LocalBackend.train``'s that apply."""
+        if unsupported:
+            raise ConfigurationError(
+                f"CPUBackend.train does not support {sorted(unsupported)}: remove them (its "
+                "options are LocalBackend's loss, advantage and packing arguments; there is no "
+                "reference model for a KL penalty)"
+            )
+        self._check_model(model)
+        config: dev.TrainConfig = {
+            "ppo": loss_fn == "ppo",
+            "importance_sampling_level": importance_sampling_level,
+            "mask_prob_ratio": mask_prob_ratio,
+        }
+        for key, value in (
+            ("epsilon", epsilon),
+            ("epsilon_high", epsilon_high),
+            ("kimi_k2_tau", kimi_k2_tau),
+            (
+                "max_negative_advantage_importance_sampling_weight",
+                max_negative_advantage_importance_sampling_weight,
+            ),
+        ):
+            if value is not None:
+                config[key] = value  # type: ignore[literal-required]
+        groups = list(trajectory_groups)
+        metrics = await asyncio.to_thread(
+            self._train_step,
+            groups,
+            config,
+            learning_rate,
+            advantage_balance,
+            scale_rewards,
+            allow_training_without_logprobs,
+            packed_sequence_length,
+            max_grad_norm,
+        )
+        if metrics.get("num_gradient_steps"):
+            self._step += 1
+            if save_checkpoint:
+                await asyncio.to_thread(self._save, model)
+        return art.TrainResult(step=self._step, metrics=metrics)
+
+    async def _train_sft(
+        self,
+        model: Any,
+        trajectories: Iterable[art.Trajectory],
+        config: art.TrainSFTConfig,
+        dev_config: Any,
+        verbose: bool = False,
+    ) -> AsyncIterator[dict[str, float]]:
+        """Supervised fine-tuning on the trajectories' assistant turns, one optimizer step per
+        batch (``config.batch_size``, 8 for ``"auto"``), through ART's ``tokenize_sft_batch``."""
+        from art.utils.model_config import get_instruction_response_parts
+
+        self._check_model(model)
+        tokenizer = self.policy.tokenizer
+        instruction, response = get_instruction_response_parts(model.base_model, tokenizer)
+        items = list(trajectories)
+        size = 8 if config.batch_size == "auto" else int(config.batch_size)
+        for number, start in enumerate(range(0, len(items), size)):
+            rate = (
+                config.learning_rate[number]
+                if isinstance(config.learning_rate, list)
+                else config.learning_rate
+            )
+            batch = tokenize_sft_batch(
+                items[start : start + size],
+                rate,
+                tokenizer,
+                instruction,
+                response,
+                max_seq_length=self.policy.max_length,
+                assistant_turns=config.assistant_turns,
+            )
+            if batch.num_trainable_tokens:
+                yield await asyncio.to_thread(self._sft_step, batch.trajectory_tensors, rate)
+        self._step += 1
+        await asyncio.to_thread(self._save, model)
+
+    # -- training ---------------------------------------------------------------------------
+
+    def _train_step(
+        self,
+        groups: list[art.TrajectoryGroup],
+        config: dev.TrainConfig,
+        learning_rate: float,
+        advantage_balance: float,
+        scale_rewards: bool,
+        allow_training_without_logprobs: bool,
+        packed_sequence_length: int | None,
+        max_grad_norm: float,
+    ) -> dict[str, float]:
+        started = time.perf_counter()
+        results = list(
+            tokenize_trajectory_groups(
+                self.policy.tokenizer,
+                groups,
+                allow_training_without_logprobs=allow_training_without_logprobs,
+                scale_rewards=scale_rewards,
+            )
+        )
+        if not results:
+            _log.warning(
+                "CPUBackend.train: no trajectory had a non-zero advantage and trainable "
+                "tokens, so this step trains nothing; groups need rewards that differ and "
+                "turns captured with logprobs and token ids"
+            )
+            return {"num_gradient_steps": 0.0, "num_trajectories": 0.0}
+        longest = max(len(r.token_ids) for r in results)
+        # Long rows: many sequences share one forward pass, which is what costs on a CPU.
+        seq_len = packed_sequence_length or min(
+            self.policy.max_length, max(1024, 64 * math.ceil(longest / 64))
+        )
+        packed = packed_tensors_from_tokenized_results(
+            results,
+            seq_len,
+            pad_token_id=-100,
+            advantage_balance=advantage_balance,
+            verbosity=0,
+        )
+        rows = packed["tokens"].shape[0]
+        optimizer = self._optimizer_for(learning_rate)
+        policy = self.policy
+        policy.use_threads()
+        diagnostics = LossOffPolicyDiagnosticsAccumulator()
+        totals = {"loss": 0.0, "entropy": 0.0, "probs_corr": 0.0}
+        keys = ["tokens", "group_ids", "parent_ids", "input_pos", "assistant_mask", "logprobs"]
+        keys += ["advantages", "weights"]
+        tensors: dict[str, torch.Tensor] = {k: packed[k] for k in keys}  # type: ignore[literal-required]
+        with policy.lock:
+            policy.model.train()
+            optimizer.zero_grad()
+            for row in range(rows):
+                inputs: Any = {k: v[row : row + 1] for k, v in tensors.items()}
+                pattern = attention_pattern(inputs["group_ids"], inputs["parent_ids"])
+                needed = torch.nn.functional.pad(inputs["assistant_mask"][:, 1:], (0, 1))
+                new_logprobs, entropies = policy.token_logprobs(
+                    inputs["tokens"], inputs["input_pos"], pattern, needed
+                )
+                loss = loss_fn(LossInputs(inputs=inputs), new_logprobs, None, entropies, config)
+                (loss.policy_loss / rows).backward()  # type: ignore[no-untyped-call]
+                totals["loss"] += float(loss.policy_loss.detach()) / rows
+                totals["entropy"] += float(loss.entropy or 0.0) / rows
+                totals["probs_corr"] += float(loss.probs_corr) / rows
+                diagnostics.add(loss.offpolicy_diagnostics)
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
+            optimizer.step()
+            policy.model.eval()
+        if not math.isfinite(totals["loss"]):
+            raise TrainingError(
+                "the loss is not finite; lower the learning rate (weights were updated with a "
+                "clipped gradient: restart from the last checkpoint)"
+            )
+        trainable = int(packed["assistant_mask"].sum())
+        seconds = time.perf_counter() - started
+        return {
+            **totals,
+            "grad_norm": float(grad_norm),
+            "learning_rate": learning_rate,
+            **diagnostics.to_metrics(),
+            "num_gradient_steps": 1.0,
+            "num_sequences": float(rows),
+            "num_trajectories": float(len({id(r.trajectory) for r in results})),
+            "num_tokens": float(int((packed["tokens"] != -100).sum())),
+            "num_trainable_tokens": float(trainable),
+            "seconds": seconds,
+        }
+
+    def _sft_step(self, tensors: list[dict[str, torch.Tensor]], rate: float) -> dict[str, float]:
+        optimizer = self._optimizer_for(rate)
+        model = self.policy.model
+        self.policy.use_threads()
+        tokens = sum(int((t["labels"] != -100).sum()) for t in tensors)
+        with self.policy.lock:
+            model.train()
+            optimizer.zero_grad()
+            total = 0.0
+            for t in tensors:
+                labels = t["labels"][0, 1:]
+                keep = torch.nonzero(labels != -100).squeeze(-1)
+                logits = model(
+                    input_ids=t["input_ids"], use_cache=False, logits_to_keep=keep
+                ).logits.float()
+                loss = torch.nn.functional.cross_entropy(logits[0], labels[keep], reduction="sum")
+                (loss / max(tokens, 1)).backward()  # type: ignore[no-untyped-call]
+                total += float(loss.detach())
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            model.eval()
+        return {
+            "loss": total / max(tokens, 1),
+            "grad_norm": float(grad_norm),
+            "learning_rate": rate,
+            "num_trainable_tokens": float(tokens),
+        }
+
+    def _optimizer_for(self, learning_rate: float) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            trained = [p for p in self.policy.model.parameters() if p.requires_grad]
+            self._optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
+        for group in self._optimizer.param_groups:
+            group["lr"] = learning_rate
+        return self._optimizer
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _checkpoint_root(self, model: Any) -> Path:
+        return Path(model._get_output_dir()) / "checkpoints"
+
+    def _checkpoints(self, model: Any) -> list[tuple[int, Path]]:
+        root = self._checkpoint_root(model)
+        found = [
+            (int(p.name), p)
+            for p in root.glob("[0-9]*")
+            if p.name.isdigit() and (p / "config.json").exists()
+        ]
+        return sorted(found)
+
+    def _save(self, model: Any) -> None:
+        folder = self._checkpoint_root(model) / f"{self._step:04d}"
+        with self.policy.lock:
+            self.policy.model.save_pretrained(folder)
+        self.policy.tokenizer.save_pretrained(folder)
+
+    def _load(self, folder: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        with self.policy.lock:
+            self.policy.model.load_state_dict(weights.state_dict())
+        self._optimizer = None
+
+    def _check_model(self, model: Any) -> None:
+        if self._model is None or self._model.name != model.name:
+            raise ConfigurationError(
+                f"model {model.name!r} is not registered with this CPUBackend: call "
+                "`await model.register(backend)` first"
+            )
+
+    def _served_names(self) -> list[str]:
+        if self._model is None:
+            return []
+        name = str(self._model.name)
+        return [name, f"{name}@{self._step}"]
