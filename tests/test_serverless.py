@@ -118,6 +118,7 @@ async def test_trainer_ships_exactly_the_captured_groups_to_serverless_backend(
 
     assert api.requests == [
         ("POST", "/v1/preview/models"),
+        ("GET", "/v1/preview/models/model-0/checkpoints"),  # the step before shipping it once
         ("POST", "/v1/preview/training-jobs"),
         ("GET", "/v1/preview/training-jobs/job-1/events"),
         ("GET", "/v1/preview/models/model-0/checkpoints"),
