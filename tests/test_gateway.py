@@ -417,7 +417,12 @@ def test_an_answer_arttrace_cannot_read_reaches_the_caller_and_marks_the_call() 
         return 200, {"id": "x", "choices": "not a list"}
 
     upstream = RecordingUpstream(fail=odd)
-    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+    with (
+        gateway_to(upstream) as gateway,
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+        pytest.warns(at.UntrainableTurnWarning, match="could not read"),
+    ):
         body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
         response = client.post(f"{gateway.url(t)}/chat/completions", json=body)
     assert response.status_code == 200

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+import arttrace as at
 from arttrace.gateway import Gateway
 from arttrace.testing import ScriptedLLM, serve
 from arttrace.training._journal import Journal
@@ -91,6 +92,9 @@ def test_the_run_api_says_what_is_wrong(tmp_path: Path) -> None:
         run = open_run(client, base, example_id="a")
         refused("PUT", f"/runs/{run['run_id']}/reward", 400, "finite", json={"reward": "high"})
         refused("PUT", f"/runs/{run['run_id']}/reward", 400, "reward", json={})
+        with at.trajectory("mine") as t:  # a run of the gateway's own process is ended there
+            mine = gateway.url(t).split("/runs/")[1].removesuffix("/v1")
+            refused("POST", f"/runs/{mine}/close", 409, "own process")
     with Gateway(upstream.base_url) as no_journal, httpx.Client() as client:
         response = client.post(f"{no_journal.base_url}/runs", json={"example_id": "a"})
         assert response.status_code == 409 and "--out" in response.json()["error"]["message"]
@@ -125,9 +129,7 @@ def test_the_arttrace_gateway_command(tmp_path: Path) -> None:
         try:
             assert process.stdout is not None
             line = process.stdout.readline()
-            assert "listening on http://127.0.0.1:" in line, (
-                line or process.stderr.read()
-            )
+            assert "listening on http://127.0.0.1:" in line, line or process.stderr.read()
             base = line.split("listening on ")[1].split(" ")[0]
             auth = {"Authorization": "Bearer gw-secret-42"}
             with httpx.Client(headers=auth) as client:

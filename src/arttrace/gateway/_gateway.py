@@ -43,7 +43,8 @@ class Gateway:
     ``api_key``, or an ``X-Arttrace-Token`` header); ``upstream_api_key`` is then what the
     upstream gets. Without a token the caller's ``Authorization`` goes to the upstream as is;
     it is never recorded or logged. ``out``: a folder for runs opened over HTTP (``POST
-    /runs``), journaled as the ``Trainer`` journals its runs. ``timeout``: seconds an
+    /runs``), journaled as the ``Trainer`` journals its runs (the folder's lock is held while
+    the gateway serves). ``timeout``: seconds an
     upstream call may take (``None``: no limit).
     """
 
