@@ -57,7 +57,9 @@ import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from arttrace.training._journal import Journal
 
-trainer_module = importlib.import_module("arttrace.training._trainer")
+# where the Trainer's phases live (private modules: the bench follows them when they move)
+step_module = importlib.import_module("arttrace.training._step")  # build_groups
+report_module = importlib.import_module("arttrace.training._report")  # tqdm, reward_plot
 trajectory_module = importlib.import_module("arttrace.capture._trajectory")
 
 GROUPS, GROUP_SIZE, CONCURRENCY = 64, 8, 64
@@ -171,9 +173,9 @@ GC = GCTimer()
 def install_probes() -> None:
     wall, cpu = time.perf_counter, time.thread_time
     PROBE.wrap(Journal, "record", "journal", wall)
-    PROBE.wrap(trainer_module.Trainer, "_groups", "grouping", wall)
+    PROBE.wrap(step_module, "build_groups", "grouping", wall)
     PROBE.wrap(trajectory_module.Trajectory, "to_art", "to_art", wall)  # inside grouping
-    groups = trainer_module.Trainer._groups
+    groups = step_module.build_groups
 
     def grouped(*args: Any) -> Any:  # mark the collector's clock when the ART objects exist
         try:
@@ -181,11 +183,11 @@ def install_probes() -> None:
         finally:
             PROBE.seconds["gc at grouped"] = GC.seconds
 
-    trainer_module.Trainer._groups = grouped
-    bar = trainer_module.tqdm
+    step_module.build_groups = grouped
+    bar = report_module.tqdm
     for method in ("__init__", "update", "set_postfix", "close"):
         PROBE.wrap(bar, method, "progress", wall)
-    PROBE.wrap(trainer_module, "reward_plot", "plot", cpu)  # in a worker thread
+    PROBE.wrap(report_module, "reward_plot", "plot", cpu)  # in a worker thread
     PROBE.wrap_async(art.TrainableModel, "log", "model.log")
 
 
@@ -306,7 +308,7 @@ async def main(rounds: int, freeze: bool) -> None:
     queue = context.Queue()
     server = context.Process(target=run_server, args=(queue,), daemon=True)
     server.start()
-    base_url = queue.get(timeout=60)
+    base_url = queue.get(timeout=900)  # the spawned server imports this module (ART: slow)
     assert server.pid is not None
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
