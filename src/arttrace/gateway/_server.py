@@ -7,6 +7,7 @@ of an agent that calls back through the gateway) must not stop the gateway from 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import socket
 import threading
 import time
@@ -49,8 +50,8 @@ class ServerThread:
         self._failure: BaseException | None = None
 
     def _serve(self) -> None:
-        try:
-            asyncio.run(self.server.serve(sockets=[self.socket]))
+        try:  # in a fresh context: the server is no part of a run it was started in
+            contextvars.Context().run(asyncio.run, self.server.serve(sockets=[self.socket]))
         except BaseException as error:  # reported by start()
             self._failure = error
 
