@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 _NOT_PARAMS = frozenset({"messages", "tools", "extra_headers", "extra_query", "timeout", "model"})
 _SENTINELS = (openai.NotGiven, openai.Omit)
-_MAX_ID = 2**63 - 1
-"""Token ids are kept in ``array("q")``."""
 
 
 def message_dict(message: Any) -> dict[str, Any]:
@@ -114,9 +112,9 @@ class Capture(OpenCall):
         if chunk.usage is not None:
             call.usage = _usage(chunk.usage)
         for choice in _list(chunk.choices, "choices"):
-            index = _index(choice)
-            acc = self._choices.get(index)
-            if acc is None:
+            acc = self._choices.get(choice.index)
+            if acc is None:  # a new choice: its index is checked once
+                index = _index(choice)
                 acc = self._choices[index] = _StreamedChoice(index)
             acc.add(choice)
 
@@ -204,32 +202,32 @@ class _StreamedChoice:
 
     def add(self, choice: Any) -> None:
         delta = choice.delta
-        content, refusal = _str(delta.content, "content"), _str(delta.refusal, "refusal")
+        content, refusal = delta.content, delta.refusal
         if content:
-            self.content.append(content)
+            self.content.append(_str(content, "content") or "")
         if refusal:
-            self.refusal.append(refusal)
+            self.refusal.append(_str(refusal, "refusal") or "")
         if delta.tool_calls:
             for tc in _list(delta.tool_calls, "tool_calls"):
                 self._add_tool_call(tc)
         extra = choice.__pydantic_extra__
-        ids = _ids(extra.get("token_ids"), "token_ids") if extra else None
+        ids = extra.get("token_ids") if extra else None
         if ids:
             if self.token_ids is None:
                 self.token_ids = array("q")
-            self.token_ids.extend(ids)
+            self.token_ids.extend(ids if type(ids) is list else _ids(ids, "token_ids") or ())
         logprobs = choice.logprobs
         if logprobs is not None and logprobs.content is not None:
             self.saw_logprobs = True
             for token in _list(logprobs.content, "logprobs.content"):
-                self.logprobs.append(_logprob(token))
+                logprob = token.logprob
+                self.logprobs.append(logprob if type(logprob) is float else _logprob(token))
                 if not ids:  # the token strings matter only when the ids are not sent
                     self.tokens.append(_token(token))
                 if token.top_logprobs:
                     self.top.append(_top(token))
-        finish_reason = _str(choice.finish_reason, "finish_reason")
-        if finish_reason:
-            self.finish_reason = finish_reason
+        if choice.finish_reason:
+            self.finish_reason = _str(choice.finish_reason, "finish_reason")
 
     def _add_tool_call(self, tc: Any) -> None:
         index = _index(tc)
@@ -331,15 +329,19 @@ def _read_tokens(record: ChoiceRecord, choice: Choice) -> None:
 def _ids(raw: Any, what: str) -> array[int] | None:
     if raw is None:
         return None
-    if not isinstance(raw, list) or not all(
-        type(i) is int and 0 <= i <= _MAX_ID for i in raw
-    ):
-        raise Unreadable(f"{what} is not a list of token ids (64-bit integers >= 0)")
-    return array("q", raw)
+    try:  # array() itself refuses what is not an int or beyond 64 bits
+        ids = array("q", raw) if type(raw) is list else None
+    except (TypeError, OverflowError):
+        ids = None
+    if ids is None:
+        raise Unreadable(f"{what} is not a list of token ids (64-bit integers)")
+    return ids
 
 
 def _logprob(token: Any) -> float:
     value = getattr(token, "logprob", None)
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Unreadable(f"a logprob is {type(value).__name__}, not a number")
     return float(value)
@@ -350,7 +352,7 @@ def _token(token: Any) -> str:
 
 
 def _list(value: Any, what: str) -> list[Any]:
-    if not isinstance(value, list):
+    if type(value) is not list:
         raise Unreadable(f"{what} is {type(value).__name__}, not a list")
     return value
 
@@ -363,7 +365,7 @@ def _index(choice: Any) -> int:
 
 
 def _str(value: Any, what: str = "a field") -> str | None:
-    if value is not None and not isinstance(value, str):
+    if value is not None and type(value) is not str:
         raise Unreadable(f"{what} is {type(value).__name__}, not a string")
     return value
 

@@ -10,29 +10,50 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 
 _log = logging.getLogger("arttrace")
 _logged: set[str] = set()
 _lock = threading.Lock()
 
 
-@contextmanager
 def guarded(
     where: str, on_error: Callable[[BaseException], object] | None = None
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Run the block; an ``Exception`` raised in it is logged (once per ``where``, with its
     traceback) and handed to ``on_error``, whose own failure is swallowed too."""
-    try:
-        yield
-    except Exception as error:
-        report(where, error)
-        if on_error is not None:
+    return _Guard(where, on_error)
+
+
+class _Guard:
+    """:func:`guarded` as a plain context manager: it runs for every stream chunk, where a
+    generator-based one costs several times more."""
+
+    __slots__ = ("on_error", "where")
+
+    def __init__(self, where: str, on_error: Callable[[BaseException], object] | None) -> None:
+        self.where, self.on_error = where, on_error
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if not isinstance(error, Exception):
+            return False  # no error, or one that is not ours to stop (KeyboardInterrupt, ...)
+        report(self.where, error)
+        if self.on_error is not None:
             try:
-                on_error(error)
+                self.on_error(error)
             except Exception as second:
-                report(f"{where} (marking the failure)", second)
+                report(f"{self.where} (marking the failure)", second)
+        return True
 
 
 def report(where: str, error: BaseException) -> None:

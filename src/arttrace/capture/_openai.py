@@ -131,11 +131,6 @@ def _failed(capture: Capture, error: BaseException, *, partial: bool) -> None:
         capture.fail(error, partial=partial)
 
 
-def _add(capture: Capture, chunk: Any) -> None:
-    with guarded("reading a stream chunk", capture.lost):
-        capture.add_chunk(chunk)
-
-
 def _ended(capture: Capture) -> None:
     with guarded("ending a stream", capture.lost):
         capture.end_stream()
@@ -152,6 +147,7 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     def __init__(self, stream: openai.Stream[Any], capture: Capture) -> None:
         super().__init__(stream)
         self._self_capture = capture
+        self._self_reading = guarded("reading a stream chunk", capture.lost)
 
     def __iter__(self) -> _Stream:
         return self
@@ -165,7 +161,8 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         except Exception as error:
             _failed(self._self_capture, error, partial=True)
             raise
-        _add(self._self_capture, chunk)
+        with self._self_reading:  # one guard per stream: it runs for every chunk
+            self._self_capture.add_chunk(chunk)
         return chunk
 
     def __enter__(self) -> _Stream:
@@ -191,6 +188,7 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     def __init__(self, stream: openai.AsyncStream[Any], capture: Capture) -> None:
         super().__init__(stream)
         self._self_capture = capture
+        self._self_reading = guarded("reading a stream chunk", capture.lost)
 
     def __aiter__(self) -> _AsyncStream:
         return self
@@ -204,7 +202,8 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         except Exception as error:
             _failed(self._self_capture, error, partial=True)
             raise
-        _add(self._self_capture, chunk)
+        with self._self_reading:  # one guard per stream: it runs for every chunk
+            self._self_capture.add_chunk(chunk)
         return chunk
 
     async def __aenter__(self) -> _AsyncStream:
