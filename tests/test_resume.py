@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -232,14 +233,23 @@ async def test_a_backend_that_cannot_say_is_not_trained_twice_silently(tmp_path)
     assert backend.calls == [] and resumed.completed_steps == 1
 
 
-async def test_garbage_from_train_fails_the_step_and_the_resume_trains_again(tmp_path):
+@pytest.mark.parametrize(
+    ("garbage", "named"),
+    [
+        ({"loss": 0.1}, "{'loss': 0.1}"),
+        (art.TrainResult(1, None), "TrainResult(step=1, metrics=None)"),
+    ],
+)
+async def test_garbage_from_train_fails_the_step_and_the_resume_trains_again(
+    tmp_path, garbage, named
+):
     class Garbage(SteppingBackend):
         async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
-            return {"loss": 0.1}  # not an art.TrainResult, and its step did not move
+            return garbage  # not what ART's train returns, and its step did not move
 
     agent = Agent()
     trainer = make(tmp_path, agent, Garbage(), train_dataset=dataset(3))
-    with pytest.raises(at.TrainingError, match=r"returned dict \{'loss': 0.1\}, not an art"):
+    with pytest.raises(at.TrainingError, match=f"returned {re.escape(named)}, not an art"):
         await trainer.step()
     assert trainer.completed_steps == 0
     up = SteppingBackend()

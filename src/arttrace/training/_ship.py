@@ -137,13 +137,13 @@ async def ship(
             )
             await asyncio.sleep(delay)
             continue
-        if not isinstance(result, art.TrainResult):
+        if not isinstance(result, art.TrainResult) or not isinstance(result.metrics, dict):
             journal.shipping_failed(step, f"returned {result!r:.200}")
             raise TrainingError(
-                f"step {step}: backend.train returned {type(result).__name__} {result!r:.200}, "
-                "not an art.TrainResult, so whether it trained is unknown and the step is not "
-                f"recorded as shipped: check the backend, then {retry} (the backend is asked "
-                "first whether it trained them)"
+                f"step {step}: backend.train returned {result!r:.200}, not an art.TrainResult "
+                "with a dict of metrics (what ART's backends return), so whether it trained is "
+                "unknown and the step is not recorded as shipped: check the backend, then "
+                f"{retry} (the backend is asked first whether it trained them)"
             )
         return result
     raise AssertionError("unreachable")
