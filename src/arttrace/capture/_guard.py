@@ -23,7 +23,8 @@ def guarded(
     where: str, on_error: Callable[[BaseException], object] | None = None
 ) -> AbstractContextManager[None]:
     """Run the block; an ``Exception`` raised in it is logged (once per ``where``, with its
-    traceback) and handed to ``on_error``, whose own failure is swallowed too."""
+    traceback) and handed to ``on_error``, whose own failure is swallowed too. The manager
+    holds no state of a run: it may be entered again (a stream reuses one for every chunk)."""
     return _Guard(where, on_error)
 
 
