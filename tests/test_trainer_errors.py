@@ -10,6 +10,7 @@ from typing import Any
 
 import art
 import pytest
+from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM
@@ -126,22 +127,34 @@ async def test_a_generator_dataset_trains_over_several_epochs(tmp_path):
     assert [r.epoch for r in results] == [0, 1] and len(backend.calls) == 2
 
 
-async def test_a_rollout_that_opens_its_own_trajectory_is_told_what_to_do(tmp_path):
-    """The README quickstart's `with at.trajectory(...) as t:` pasted into a rollout."""
+async def test_a_rollout_that_opens_its_own_trajectory_is_the_run(tmp_path):
+    """The README quickstart's `with at.trajectory(...) as t:` pasted into a rollout trains."""
     agent = Agent()
+    rewards = iter([1.0, 0.0, 1.0, 0.0])
 
     async def rollout(example: dict[str, Any]) -> None:
-        with at.trajectory(example["id"]) as t:
+        with at.trajectory(example["id"], metadata={"source": "script"}) as t:
             await agent._solve(example["q"])
-            t.reward = 1.0
+            t.reward = next(rewards)
+        assert at.current_trajectory() is t  # the run goes on until the Trainer closes it
 
-    trainer = make(tmp_path, agent, train_dataset=dataset(1), max_exceptions=1.0)
+    backend = RecordingBackend()
+    trainer = make(tmp_path, agent, backend, train_dataset=dataset(1), max_concurrency=1)
     trainer.rollout = rollout
-    assert (await trainer.step()).metrics["exceptions"] == 4
-    message = journaled(tmp_path / "out", 0)[0]["trajectory"]["exception"]["message"]
-    assert "opens its own `arttrace.trajectory()`" in message
-    assert "remove that `with` block" in message
-    assert "arttrace.current_trajectory().reward = ..." in message
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 0
+    [(groups, _)] = backend.calls
+    [group] = groups
+    assert sorted(t.reward for t in group.trajectories) == [0.0, 0.0, 1.0, 1.0]
+    for t in group.trajectories:
+        assert t.metadata["example_id"] == "ex-0" and t.metadata["source"] == "script"
+        assert any(isinstance(m, Choice) for m in t.messages_and_choices)  # trainable turn
+
+
+def test_a_trajectory_opened_outside_a_trainer_run_stays_its_own(tmp_path):
+    with at.trajectory("outer") as outer, at.trajectory("inner") as inner:
+        assert at.current_trajectory() is inner is not outer
+    assert outer.ended_at is not None and inner.ended_at is not None
 
 
 def test_an_unknown_keyword_is_refused_with_the_closest_name(tmp_path):

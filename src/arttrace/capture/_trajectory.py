@@ -50,6 +50,10 @@ class Trajectory:
         self.call_log = CallLog(self.example_id)
         """The calls in flight and ended; read them through :attr:`calls`."""
         self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
+        self._hosting = False
+        """A run the Trainer opened: a ``trajectory()`` opened inside it is this run."""
+        self._joined = 0
+        """How many ``with`` blocks re-entered this hosting run and have not exited."""
 
     # -- reward ----------------------------------------------------------------------------
 
@@ -64,6 +68,9 @@ class Trajectory:
     # -- the with block --------------------------------------------------------------------
 
     def __enter__(self) -> Self:
+        if self._hosting and self._scope is not None:  # the rollout's own `with` block
+            self._joined += 1
+            return self
         if self._scope is not None or self.ended_at is not None:
             raise UsageError(f"trajectory {self.example_id!r} was already entered; open a new one")
         self.started_at = time.time()
@@ -84,6 +91,9 @@ class Trajectory:
         tb: TracebackType | None,
     ) -> None:
         assert self._scope is not None, "trajectory exited without being entered"
+        if self._joined:
+            self._joined -= 1  # the run goes on: the Trainer closes it
+            return
         token, otel_token, span = self._scope
         self._scope = None
         with guarded("ending a trajectory's calls"):
@@ -210,8 +220,25 @@ def trajectory(
     Every LLM call made inside, in this thread or asyncio task and the tasks it starts, is
     recorded on ``t``. Calls made inside a ``@trainable`` function are the policy's turns; the
     others are kept as context.
+
+    Inside a run the :class:`~arttrace.Trainer` started, this is that run (its ``metadata``
+    added to the run's): code written as a stand-alone script, which opens its own
+    trajectory and sets ``t.reward``, works unchanged as a rollout.
     """
+    current = _context.current_trajectory_var.get()
+    if current is not None and current._hosting and current._scope is not None:
+        current.metadata.update(Trajectory(example_id, metadata).metadata)  # checked
+        return current
     return Trajectory(example_id, metadata)
+
+
+def hosting_trajectory(
+    example_id: str | int, metadata: dict[str, MetadataValue] | None = None
+) -> Trajectory:
+    """A run opened by the Trainer: :func:`trajectory` called inside it returns it."""
+    t = Trajectory(example_id, metadata)
+    t._hosting = True
+    return t
 
 
 def current_trajectory() -> Trajectory:

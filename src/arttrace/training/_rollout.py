@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._errors import ConfigurationError
-from ..capture._trajectory import MetadataValue, Trajectory, check_reward, trajectory
+from ..capture._trajectory import MetadataValue, Trajectory, check_reward, hosting_trajectory
 
 type Rollout[ExampleT] = Callable[[ExampleT], Awaitable[Any]] | Callable[[ExampleT], Any]
 """One run of the agent on one example: an async function, or a sync one (run in a thread)."""
@@ -90,7 +90,7 @@ class RolloutRunner[ExampleT]:
     ) -> Trajectory:
         """The finished run. An exception (the rollout's, or a missing or bad reward) is kept
         on ``Trajectory.exception``, not raised."""
-        t = trajectory(example_id, metadata=metadata)
+        t = hosting_trajectory(example_id, metadata=metadata)
         try:
             async with t:
                 output = await self._call(example)
@@ -131,7 +131,7 @@ class RolloutRunner[ExampleT]:
                 ) from None
         elif was_set is None:
             raise ConfigurationError(
-                f"the rollout returned None and set no reward: {_FIX}{_no_calls_hint(t)}"
+                f"the rollout returned None and set no reward: {_FIX}"
             )
         else:
             return was_set
@@ -142,15 +142,3 @@ class RolloutRunner[ExampleT]:
                 "reward_fn and do not set the reward in the rollout)"
             )
         return reward
-
-
-def _no_calls_hint(t: Trajectory) -> str:
-    """What a rollout that recorded nothing most likely did: open its own trajectory."""
-    if t.calls:
-        return ""
-    return (
-        ". No LLM call was recorded in the run either: if the rollout opens its own "
-        "`arttrace.trajectory()` (as a stand-alone script does), remove that `with` block, "
-        "since the Trainer opens one trajectory per run, and set the reward with "
-        "`arttrace.current_trajectory().reward = ...` or return it"
-    )
