@@ -14,7 +14,7 @@ from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM
-from test_trainer import Agent, RecordingBackend, dataset, journaled, make
+from test_trainer import Agent, RecordingBackend, dataset, make
 
 
 @pytest.fixture(autouse=True)
