@@ -79,9 +79,20 @@ def _add_demo(commands: _Subcommands) -> None:
         help="output folder: metrics, reward plot, journal of every run, dry-run groups "
         "(an earlier demo there is replaced; any other non-empty folder is refused)",
     )
-    demo.add_argument("--examples", type=int, default=4, help="questions (one group each)")
-    demo.add_argument("--rollouts", type=int, default=4, help="runs per question (group size)")
-    demo.add_argument("--steps", type=int, default=2, help="GRPO steps")
+    demo.add_argument(
+        "--backend",
+        choices=["cpu", "dry-run"],
+        default="dry-run",
+        help="cpu: a tiny Qwen2 really learns a task on this machine's CPU (CPUBackend); "
+        "dry-run: a scripted model, steps written to disk (DryRunBackend)",
+    )
+    demo.add_argument(
+        "--examples", type=int, help="questions per step, one group each (cpu 8, dry-run 4)"
+    )
+    demo.add_argument(
+        "--rollouts", type=int, help="runs per question, the group size (cpu 8, dry-run 4)"
+    )
+    demo.add_argument("--steps", type=int, help="GRPO steps (cpu 12, dry-run 2)")
     demo.add_argument(
         "--seed",
         type=int,
@@ -93,25 +104,30 @@ def _add_demo(commands: _Subcommands) -> None:
 
 
 def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if min(args.examples, args.rollouts, args.steps) < 1:
+    if min(v for v in (args.examples, args.rollouts, args.steps, 1) if v is not None) < 1:
         parser.error("--examples, --rollouts and --steps must be at least 1")
 
     from .demo import run_demo
 
     try:
         summary = asyncio.run(
-            run_demo(args.out, args.examples, args.rollouts, args.steps, args.seed)
+            run_demo(args.out, args.examples, args.rollouts, args.steps, args.seed, args.backend)
         )
     except ValueError as error:
         parser.error(str(error))
     width = max(map(len, summary))
-    print("arttrace demo: a plain OpenAI agent, trained with GRPO steps on a dry-run backend")
+    print(f"arttrace demo: a plain OpenAI agent, trained with GRPO on the {args.backend} backend")
     for key, value in summary.items():
         shown = f"{value:.3f}" if isinstance(value, float) else value
         print(f"  {key.replace('_', ' '):<{width}}  {shown}")
     print(
         f"  metrics: {args.out / 'metrics.jsonl'}  plot: {args.out / 'reward_plot.png'}\n"
-        f"  every run: {args.out / 'journal'}  what ART would train on: {args.out / 'dry_run'}"
+        f"  every run: {args.out / 'journal'}"
+        + (
+            f"  what ART would train on: {args.out / 'dry_run'}"
+            if args.backend == "dry-run"
+            else ""
+        )
     )
     return 0
 

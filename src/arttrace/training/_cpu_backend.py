@@ -295,11 +295,14 @@ class CPUBackend:
                 new_logprobs, entropies = policy.token_logprobs(
                     inputs["tokens"], inputs["input_pos"], pattern, needed
                 )
+                # loss_fn shifts entropies one place left of the logprobs (ART's convention).
+                entropies = torch.nn.functional.pad(entropies[:, :-1], (1, 0))
                 loss = loss_fn(LossInputs(inputs=inputs), new_logprobs, None, entropies, config)
-                (loss.policy_loss / rows).backward()  # type: ignore[no-untyped-call]
+                (loss.policy_loss / rows).backward()
                 totals["loss"] += float(loss.policy_loss.detach()) / rows
-                totals["entropy"] += float(loss.entropy or 0.0) / rows
-                totals["probs_corr"] += float(loss.probs_corr) / rows
+                entropy = loss.entropy.detach() if loss.entropy is not None else 0.0
+                totals["entropy"] += float(entropy) / rows
+                totals["probs_corr"] += float(loss.probs_corr.detach()) / rows
                 diagnostics.add(loss.offpolicy_diagnostics)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), max_grad_norm)
             optimizer.step()
@@ -340,7 +343,7 @@ class CPUBackend:
                     input_ids=t["input_ids"], use_cache=False, logits_to_keep=keep
                 ).logits.float()
                 loss = torch.nn.functional.cross_entropy(logits[0], labels[keep], reduction="sum")
-                (loss / max(tokens, 1)).backward()  # type: ignore[no-untyped-call]
+                (loss / max(tokens, 1)).backward()
                 total += float(loss.detach())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

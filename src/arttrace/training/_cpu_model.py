@@ -93,7 +93,6 @@ class Policy:
 
     # -- sampling ---------------------------------------------------------------------------
 
-    @torch.no_grad()
     def generate(
         self,
         prompt: list[int],
@@ -110,7 +109,20 @@ class Policy:
         Logprobs are the model's raw ones (temperature 1, before ``top_p``), as vLLM reports
         by default, so they are what the trainer compares its own against.
         """
-        self.use_threads()
+        # Each step sets no_grad and threads itself: a stream resumes this generator in
+        # whichever worker thread is free, and both settings are per thread.
+        yield from self._generate(prompt, n, max_tokens, temperature, top_p, top_logprobs, seed)
+
+    def _generate(
+        self,
+        prompt: list[int],
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        top_logprobs: int,
+        seed: int | None,
+    ) -> Iterator[tuple[int, Token, Sample]]:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         samples = [Sample() for _ in range(n)]
         max_tokens = min(max_tokens, self.max_length - len(prompt))
@@ -118,7 +130,8 @@ class Policy:
             for sample in samples:
                 sample.finish_reason = "length"
             return
-        with self.lock:
+        with self.lock, torch.no_grad():
+            self.use_threads()
             out = self.model(input_ids=torch.tensor([prompt] * n), use_cache=True, logits_to_keep=1)
         past, logits = out.past_key_values, out.logits[:, -1].float()
         for position in range(max_tokens):
@@ -143,7 +156,8 @@ class Policy:
                 yield i, token, sample
             if all(s.finish_reason is not None for s in samples):
                 return
-            with self.lock:
+            with self.lock, torch.no_grad():
+                self.use_threads()
                 out = self.model(input_ids=chosen[:, None], past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1].float()
 
@@ -251,7 +265,7 @@ def load_policy(
         pad_token_id=tokenizer.pad_token_id,
     )
     check_memory(_count_parameters(hf_config), "the configured model")
-    weights = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    weights = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     # Wider embeddings than the usual 0.02: tied logits then separate tokens from the start,
     # which a model trained with frozen embeddings needs, without being so sharp that every
     # answer is certain (then GRPO's groups would hold one answer and teach nothing).
@@ -261,7 +275,7 @@ def load_policy(
 
 def _count_parameters(config: Any) -> int:
     with torch.device("meta"):
-        shell = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+        shell = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in shell.parameters())
 
 

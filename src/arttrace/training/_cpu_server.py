@@ -146,7 +146,7 @@ class PolicyServer:
         }
 
     def _generate(self, plan: dict[str, Any]) -> Iterator[tuple[int, Token, Sample]]:
-        return self.policy.generate(
+        yield from self.policy.generate(
             plan["prompt"],
             n=plan["n"],
             max_tokens=plan["max_tokens"],

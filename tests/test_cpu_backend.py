@@ -1,0 +1,230 @@
+"""CPUBackend: ART's backend protocol on a CPU. Its server answers like vLLM over real HTTP,
+its training is ART's own tokenize → pack → loss_fn, and it really learns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import art
+import openai
+import pytest
+import torch
+from art.loss import LossInputs, loss_fn
+from art.preprocessing.pack import packed_tensors_from_tokenized_results
+from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+import arttrace as at
+from arttrace._errors import ConfigurationError
+from arttrace.app._demo_cpu import run_parity_demo
+from arttrace.training._cpu_model import attention_pattern
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    backend = at.CPUBackend(threads=1)
+    yield backend
+    asyncio.run(backend.close())
+
+
+async def registered(backend: Any, tmp_path: Path) -> art.TrainableModel[Any]:
+    model: art.TrainableModel[Any] = art.TrainableModel(
+        name="policy", project="test", base_model="tiny", run_name="t", base_path=str(tmp_path)
+    )
+    await model.register(backend)
+    return model
+
+
+async def test_serves_like_vllm_with_token_ids(backend, tmp_path):
+    model = await registered(backend, tmp_path)
+    client = model.openai_client()
+    response = await client.chat.completions.create(
+        model="policy",
+        messages=MESSAGES,
+        n=2,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+        seed=7,
+        extra_body={"return_token_ids": True},
+    )
+    prompt = response.model_extra["prompt_token_ids"]
+    assert (
+        prompt
+        == backend.policy.tokenizer.apply_chat_template(
+            MESSAGES, add_generation_prompt=True, tokenize=True
+        )["input_ids"]
+    )
+    assert len(response.choices) == 2
+    for choice in response.choices:
+        ids = choice.model_extra["token_ids"]
+        entries = choice.logprobs.content
+        assert [e.token for e in entries] == [f"token_id:{i}" for i in ids]
+        assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+        assert (choice.finish_reason, len(ids)) == ("length", 6) or ids[-1] in (151643, 151645)
+
+    stream = await client.chat.completions.create(
+        model="policy",
+        messages=MESSAGES,
+        n=2,
+        max_tokens=6,
+        logprobs=True,
+        seed=7,
+        stream=True,
+        extra_body={"return_token_ids": True},
+    )
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    role_chunks = 0
+    async for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                role_chunks += 1
+                assert chunk.model_extra["prompt_token_ids"] == prompt
+            else:
+                streamed[choice.index] += choice.model_extra["token_ids"]
+                assert len(choice.logprobs.content) == 1
+    assert role_chunks == 2
+    assert streamed == {c.index: c.model_extra["token_ids"] for c in response.choices}
+
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        await client.chat.completions.create(model="other", messages=MESSAGES)
+
+
+async def test_a_written_tool_call_comes_back_as_tool_calls(backend, tmp_path):
+    """The server parses what the model writes in the Hermes format Qwen's template teaches."""
+    await registered(backend, tmp_path)
+    written = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    sample = _sample_of(backend, f"Sure.\n{written}")
+    message, finish = backend._server._message(sample)
+    assert finish == "tool_calls" and message["content"] == "Sure.\n"
+    call = message["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("add", {"a": 1, "b": 2})
+    plain, finish = backend._server._message(_sample_of(backend, "<tool_call>not json"))
+    assert (plain["content"], finish) == ("<tool_call>not json", "stop")
+
+
+async def test_gradient_reaches_exactly_the_sampled_tokens(backend, tmp_path):
+    """One run of a group is rewarded: ART's assistant mask gives the context no gradient, the
+    rewarded run's sampled tokens become more likely and the other run's less."""
+    model = await registered(backend, tmp_path)
+    at.instrument()
+    client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key="x")
+
+    @at.trainable
+    async def agent() -> str:
+        reply = await client.chat.completions.create(
+            model="policy", messages=MESSAGES, max_tokens=5, temperature=3.0
+        )
+        return reply.choices[0].message.content or ""
+
+    runs = []
+    for reward in (1.0, 0.0):
+        with at.trajectory("q") as t:
+            await agent()
+            t.reward = reward
+        runs.append(t.to_art())
+    await client.close()
+    at.uninstrument()
+    group = art.TrajectoryGroup(runs)
+    assert _token_ids(runs[0]) != _token_ids(runs[1])  # hot sampling: two different runs
+
+    results = list(tokenize_trajectory_groups(backend.policy.tokenizer, [group], False, True))
+    packed = packed_tensors_from_tokenized_results(results, 128, pad_token_id=-100, verbosity=0)
+    row: Any = {k: v[:1] for k, v in packed.items() if isinstance(v, torch.Tensor)}
+    everywhere = row["tokens"] != -100  # score every position, context included
+    new, _ = backend.policy.token_logprobs(
+        row["tokens"],
+        row["input_pos"],
+        attention_pattern(row["group_ids"], row["parent_ids"]),
+        everywhere,
+    )
+    new.retain_grad()
+    loss_fn(LossInputs(inputs=row), new, None, None, {}).policy_loss.backward()
+    predicts_sampled = torch.nn.functional.pad(row["assistant_mask"][:, 1:], (0, 1))
+    assert (new.grad[~predicts_sampled] == 0).all()
+    assert (new.grad[predicts_sampled] != 0).all()
+    assert int(predicts_sampled.sum()) == sum(len(_token_ids(r)) for r in runs)
+    backend.policy.model.zero_grad()
+
+    before = [_sequence_logprob(backend, r) for r in runs]
+    result = await backend.train(model, [group], learning_rate=1e-3)
+    after = [_sequence_logprob(backend, r) for r in runs]
+    assert after[0] > before[0] and after[1] < before[1]
+    assert result.step == 1 and result.metrics["num_trainable_tokens"] == int(
+        predicts_sampled.sum()
+    )
+    checkpoint = tmp_path / "test" / "models" / "t" / "checkpoints" / "0001"
+    assert (checkpoint / "model.safetensors").is_file()
+
+    reloaded = at.CPUBackend(checkpoint)  # a checkpoint is a model folder, template included
+    assert _sequence_logprob(reloaded, runs[0]) == pytest.approx(after[0], abs=1e-4)
+
+
+async def test_short_training_beats_the_untrained_policy_on_held_out_numbers(tmp_path):
+    """The demo's loop, short, on a goal a few steps can reach (answer "even"): the loss falls
+    and held-out numbers get the trained answer more often than before training."""
+    summary = await run_parity_demo(
+        tmp_path / "demo",
+        examples=4,
+        rollouts=6,
+        steps=4,
+        validation=24,
+        learning_rate=3e-3,
+        reward=lambda number, reply: float(reply.strip() == "even"),
+    )
+    metrics = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").open()]
+    losses = [m["train/loss"] for m in metrics if "train/loss" in m]
+    assert len(losses) >= 2 and min(losses[1:]) < losses[0]
+    assert summary["val_reward_last"] > summary["val_reward_step_0"]
+
+
+def test_a_model_folder_without_a_chat_template_is_refused(tmp_path, backend):
+    backend.policy.model.save_pretrained(tmp_path)
+    tokenizer = backend.policy.tokenizer
+    tokenizer.save_pretrained(tmp_path)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (tmp_path / name).unlink(missing_ok=True)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigurationError, match="no chat template"):
+        at.CPUBackend(tmp_path)
+
+
+def test_a_model_too_large_for_memory_is_refused_before_allocating():
+    huge = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80}
+    with pytest.raises(ConfigurationError, match="GiB"):
+        at.CPUBackend(config={**huge, "num_attention_heads": 64, "num_key_value_heads": 8})
+
+
+def _sample_of(backend: Any, text: str) -> Any:
+    from arttrace.training._cpu_model import Sample, Token
+
+    ids = [*backend.policy.tokenizer.encode(text, add_special_tokens=False), 151645]
+    return Sample([Token(i, -1.0) for i in ids], "stop")
+
+
+def _token_ids(trajectory: art.Trajectory) -> list[int]:
+    choice = trajectory.messages_and_choices[-1]
+    return list(choice.model_extra["token_ids"])  # type: ignore[union-attr]
+
+
+def _sequence_logprob(backend: Any, trajectory: art.Trajectory) -> float:
+    """The policy's logprob of the run's sampled tokens after its prompt."""
+    choice: Any = trajectory.messages_and_choices[-1]
+    prompt, sampled = choice.model_extra["prompt_token_ids"], _token_ids(trajectory)
+    tokens = torch.tensor([prompt + sampled])
+    needed = torch.zeros_like(tokens, dtype=torch.bool)
+    needed[0, len(prompt) - 1 : -1] = True
+    with torch.no_grad():
+        logprobs, _ = backend.policy.token_logprobs(
+            tokens,
+            torch.arange(tokens.shape[1])[None],
+            attention_pattern(torch.zeros_like(tokens), torch.full_like(tokens, -1)),
+            needed,
+        )
+    return float(logprobs.sum())
