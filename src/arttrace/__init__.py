@@ -20,7 +20,7 @@ from .capture._calls import Settings
 from .capture._records import ChoiceRecord, LLMCall
 from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
-from .capture._warnings import UntrainableTurnWarning
+from .capture._warnings import NothingToTrainWarning, UntrainableTurnWarning
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -62,6 +62,7 @@ __all__ = [
     "DryRunBackend",
     "Gateway",
     "LLMCall",
+    "NothingToTrainWarning",
     "Settings",
     "StepResult",
     "Trainer",

@@ -81,6 +81,9 @@ def _span(scope: TrainableScope) -> Iterator[Span]:
 @contextmanager
 def _active(scope: TrainableScope, span: Span) -> Iterator[None]:
     """The scope (and its span) current for the code run inside, and only for it."""
+    run = _context.current_trajectory_var.get()
+    if run is not None:
+        run.call_log.policy_ran = True
     token = _context.trainable_scopes.set((*_context.trainable_scopes.get(), scope))
     otel_token = otel_context.attach(trace.set_span_in_context(span))
     try:

@@ -22,6 +22,7 @@ from ._guard import guarded
 from ._layers import merge_layers
 from ._records import LLMCall
 from ._redact import exception_attributes
+from ._warnings import warn_nothing_to_train
 
 if TYPE_CHECKING:
     import art
@@ -98,6 +99,8 @@ class Trajectory:
         self._scope = None
         with guarded("ending a trajectory's calls"):
             self.call_log.freeze("the trajectory ended before the call finished")
+        with guarded("checking that a run recorded a policy turn"):
+            self._check_policy_recorded()
         if exc is not None:
             self.exception = {"type": type(exc).__qualname__, "message": "", "traceback": ""}
             with guarded("recording a trajectory's exception"):
@@ -111,6 +114,19 @@ class Trajectory:
         otel_context.detach(otel_token)  # type: ignore[arg-type]
         _context.current_trajectory_var.reset(token)
         self.ended_at = time.time()
+
+    def _check_policy_recorded(self) -> None:
+        """Never silent: a run whose policy code ran but recorded no policy turn says why."""
+        log = self.call_log
+        if not log.policy_ran or any(c.trainable for c in log.records):
+            return
+        if log.records:
+            cause = "its LLM calls ran outside every @trainable function"
+        elif _context.shim_settings() is None:
+            cause = "arttrace.instrument() was not called"
+        else:
+            cause = "no LLM call was seen"
+        warn_nothing_to_train(self.example_id, cause)
 
     async def __aenter__(self) -> Self:
         return self.__enter__()

@@ -53,20 +53,61 @@ _lock = threading.Lock()
 
 
 def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
-    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``.
-
-    A warning filter that turns the warning into an error (``-W error``) must not make it the
-    caller's exception: then the text is logged instead."""
-    with _lock:
-        if (model, reason) in _seen:
-            return
-        _seen.add((model, reason))
-    message = (
+    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``."""
+    _warn_once(
+        (model, reason),
         f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
-        f"is kept as context only. {fix or _FIXES.get(reason, '')}"
+        f"is kept as context only. {fix or _FIXES.get(reason, '')}",
+        UntrainableTurnWarning,
     )
+
+
+class NothingToTrainWarning(UserWarning):
+    """A run's ``@trainable`` code ran but no policy turn was recorded: the run would reach
+    the Trainer with its reward and nothing to train on."""
+
+
+_NOTHING_TO_TRAIN = {
+    "arttrace.instrument() was not called": (
+        "Call arttrace.instrument() once at start-up, or wrap the agent's client with "
+        "arttrace.wrap_openai(client)."
+    ),
+    "its LLM calls ran outside every @trainable function": (
+        "Decorate the agent function that calls the model with @arttrace.trainable (calls in "
+        "tasks and threads it starts count too); with @trainable(model=...), the name must be "
+        "the request's model."
+    ),
+    "no LLM call was seen": (
+        "The agent may call the model through a route arttrace does not see yet (the Responses "
+        "API, which the OpenAI Agents SDK uses by default; LiteLLM's hosted_vllm/ route; DSPy's "
+        "default engine), from another process (use arttrace.Gateway), or a cache answered "
+        "(DSPy's or a framework's). Call the model through the OpenAI SDK's Chat Completions "
+        "or a supported framework (LangChain, LlamaIndex, Google ADK), with caches off."
+    ),
+}
+
+
+def warn_nothing_to_train(example_id: str, cause: str) -> None:
+    """Warn once per ``cause`` (a key of the table above) that a run will train on nothing."""
+    _warn_once(
+        ("", cause),
+        f"arttrace: run {example_id!r} ran @trainable code but recorded no policy turn "
+        f"({cause}), so it would train on nothing; later runs with this cause are not "
+        f"reported again. {_NOTHING_TO_TRAIN[cause]}",
+        NothingToTrainWarning,
+    )
+
+
+def _warn_once(key: tuple[str, str], message: str, category: type[Warning]) -> None:
+    """Warn once per ``key``, at the caller's line. A warning filter that turns the warning
+    into an error (``-W error``) must not make it the caller's exception: the text is logged
+    instead."""
+    with _lock:
+        if key in _seen:
+            return
+        _seen.add(key)
     try:
-        warnings.warn(message, UntrainableTurnWarning, skip_file_prefixes=_internal())
+        warnings.warn(message, category, skip_file_prefixes=_internal())
     except Exception:
         _log.warning("%s (logged: the warning filter turned the warning into an error)", message)
 
