@@ -463,7 +463,7 @@ def _deep_size(obj: Any, seen: set[int]) -> int:
 
 def record_breakdown(t: at.Trajectory) -> list[tuple[str, int]]:
     """Where the bytes of one captured call go (deep getsizeof; shared objects counted once)."""
-    call = t._calls[0]
+    call = t.calls[0]
     choice = call.choices[0]
     seen: set[int] = set()
     parts = [
