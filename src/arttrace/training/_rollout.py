@@ -130,9 +130,7 @@ class RolloutRunner[ExampleT]:
                     f"not a reward ({error}), and set no reward: {_FIX}"
                 ) from None
         elif was_set is None:
-            raise ConfigurationError(
-                f"the rollout returned None and set no reward: {_FIX}"
-            )
+            raise ConfigurationError(f"the rollout returned None and set no reward: {_FIX}")
         else:
             return was_set
         if was_set is not None and not math.isclose(was_set, reward, rel_tol=1e-6):
