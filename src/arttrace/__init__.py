@@ -14,7 +14,15 @@ t.to_art()                               # an art.Trajectory, trainable turns as
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ArttraceError
+from ._errors import (
+    ArttraceError,
+    ConfigurationError,
+    JournalError,
+    ResumeError,
+    RunLockedError,
+    TrainingError,
+    UsageError,
+)
 from ._instrument import instrument, is_instrumented, uninstrument, wrap_openai
 from .capture._calls import Settings
 from .capture._records import ChoiceRecord, LLMCall
@@ -24,18 +32,9 @@ from .capture._warnings import NothingToTrainWarning, UntrainableTurnWarning
 
 if TYPE_CHECKING:
     from .gateway import Gateway
-    from .training import (
-        CPUBackend,
-        Curriculum,
-        DryRunBackend,
-        StepResult,
-        Trainer,
-        TrainingError,
-    )
+    from .training import CPUBackend, Curriculum, DryRunBackend, StepResult, Trainer
 
-_TRAINING = frozenset(
-    {"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"}
-)
+_TRAINING = frozenset({"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer"})
 
 
 def __getattr__(name: str) -> Any:
@@ -44,12 +43,20 @@ def __getattr__(name: str) -> Any:
     if name in _TRAINING:
         from . import training
 
-        return getattr(training, name)
+        return _public(getattr(training, name))
     if name == "Gateway":
         from .gateway import Gateway
 
-        return Gateway
+        return _public(Gateway)
     raise AttributeError(f"module 'arttrace' has no attribute {name!r}")
+
+
+def _public(obj: Any) -> Any:
+    """Show ``obj`` where users find it (``arttrace.Trainer``, not the private module), in
+    reprs and tracebacks, as httpx and openai do."""
+    if getattr(obj, "__module__", "").startswith("arttrace."):
+        obj.__module__ = "arttrace"
+    return obj
 
 
 __version__ = "0.1.0"
@@ -58,17 +65,22 @@ __all__ = [
     "ArttraceError",
     "CPUBackend",
     "ChoiceRecord",
+    "ConfigurationError",
     "Curriculum",
     "DryRunBackend",
     "Gateway",
+    "JournalError",
     "LLMCall",
     "NothingToTrainWarning",
+    "ResumeError",
+    "RunLockedError",
     "Settings",
     "StepResult",
     "Trainer",
     "TrainingError",
     "Trajectory",
     "UntrainableTurnWarning",
+    "UsageError",
     "current_trajectory",
     "instrument",
     "is_instrumented",
@@ -77,3 +89,7 @@ __all__ = [
     "uninstrument",
     "wrap_openai",
 ]
+
+for _name in __all__:
+    if _name in globals():
+        _public(globals()[_name])
