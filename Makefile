@@ -35,11 +35,12 @@ demo: setup
 	$(BIN)/arttrace demo
 
 lint: setup-test
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples docs
+	$(BIN)/ruff format --check src tests bench examples docs/_ext
 	$(BIN)/mypy
 
 docs: setup-test
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: setup-test lint
 	$(BIN)/pytest -q

@@ -90,9 +90,11 @@ def test_a_call_only_the_framework_saw_is_context_and_warns_once_with_the_fix(cl
     def agent() -> None:
         for _ in range(2):
             seen = FrameworkCall("someframework", "policy", USER, fix=fix)
-            message = client.chat.completions.create(
-                model="policy", messages=USER, logprobs=True
-            ).choices[0].message
+            message = (
+                client.chat.completions.create(model="policy", messages=USER, logprobs=True)
+                .choices[0]
+                .message
+            )
             seen.finish([_framework_choice(message)])
 
     with warnings.catch_warnings(record=True) as caught:

@@ -510,6 +510,7 @@ async def test_dry_run_backend_writes_what_art_would_train_on(tmp_path):
 async def test_the_model_history_keeps_every_trainer_metric(tmp_path):
     """The backend's metrics (here DryRunBackend's `groups`, `trajectories`) go to the model's
     history beside the Trainer's, never over them."""
+
     def score(example: dict[str, Any], k: int) -> float:  # ex-0 teaches nothing: dropped
         return 1.0 if example["id"] == "ex-0" else float(k % 2)
 
