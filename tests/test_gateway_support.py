@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from arttrace.gateway._server import ServerThread
+from arttrace._asgi_server import ServerThread
 from arttrace.testing import ScriptedLLM
 from arttrace.testing.llm import StreamCut
 
@@ -44,7 +44,7 @@ class RecordingUpstream:
         self.llm = llm or ScriptedLLM()
         self.delay, self.fail = delay, fail
         self.exchanges: list[Exchange] = []
-        self._server = ServerThread(self, "127.0.0.1", 0)
+        self._server = ServerThread(self, "127.0.0.1", 0, name="the test upstream")
 
     @property
     def base_url(self) -> str:

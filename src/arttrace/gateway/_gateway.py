@@ -10,12 +10,12 @@ from typing import Self
 
 import anyio.to_thread
 
+from .._asgi_server import ServerThread
 from .._errors import ConfigurationError, UsageError
 from ..capture._trajectory import Trajectory
 from ._app import GatewayApp
 from ._relay import Upstream
 from ._runs import RunOptions, Runs
-from ._server import ServerThread
 
 
 class _State(enum.Enum):
@@ -90,7 +90,7 @@ class Gateway:
             )
         if self.out is not None:
             self.runs.hold()  # now, not in the first request: a folder in use fails here
-        self._server = ServerThread(self._app, self.host, self.port)
+        self._server = ServerThread(self._app, self.host, self.port, name="the gateway")
         try:
             self._server.start()
         except BaseException:

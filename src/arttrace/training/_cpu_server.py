@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._asgi_server import ServerThread
 from ..testing.tokenizers import HFChatTokenizer
 from ._cpu_model import Policy, Sample, Token
 
@@ -54,7 +52,6 @@ class PolicyServer:
     ) -> None:
         self.policy, self.names, self.api_key, self.max_tokens = policy, names, api_key, max_tokens
         self.chat = HFChatTokenizer(policy.tokenizer)
-        self._socket = socket.create_server((host, port))
         app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
@@ -62,30 +59,18 @@ class PolicyServer:
                 Route("/health", lambda _: Response(), methods=["GET"]),
             ]
         )
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
-        )
+        self._serving = ServerThread(app, host, port, name="the CPU backend's server")
 
     @property
     def base_url(self) -> str:
-        host, port = self._socket.getsockname()[:2]
+        host, port = self._serving.address
         return f"http://{host}:{port}/v1"
 
     def start(self) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the CPU backend's server did not start on {self.base_url}")
-            time.sleep(0.01)
+        self._serving.start()
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-        self._socket.close()
+        self._serving.stop()
 
     # -- routes -----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""uvicorn serving an ASGI app in a thread of its own, with its own event loop.
+"""uvicorn serving an ASGI app in a thread of its own, with its own event loop: the gateway's
+server and the CPU backend's inference server.
 
 Its own thread, not the caller's event loop: a rollout that blocks its loop (``subprocess.run``
-of an agent that calls back through the gateway) must not stop the gateway from answering.
+of an agent that calls back through the gateway) must not stop the server from answering.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import time
 import uvicorn
 from starlette.types import ASGIApp
 
-from .._errors import UsageError
+from ._errors import UsageError
 
 
 class ServerThread:
-    """``start()`` binds ``host:port`` (port 0: a free one) and returns once it is serving."""
+    """``start()`` binds ``host:port`` (port 0: a free one) and returns once it is serving;
+    ``name`` says whose server it is in errors and the thread's name."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int, *, name: str) -> None:
+        self.name = name
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -29,7 +32,7 @@ class ServerThread:
             self.socket.bind((host, port))
         except OSError as error:
             self.socket.close()
-            raise UsageError(f"the gateway cannot listen on {host}:{port}: {error}") from error
+            raise UsageError(f"{name} cannot listen on {host}:{port}: {error}") from error
         bound = self.socket.getsockname()
         self.address: tuple[str, int] = (str(bound[0]), int(bound[1]))
         self.server = uvicorn.Server(
@@ -37,8 +40,8 @@ class ServerThread:
                 app,
                 log_config=None,  # a library leaves the application's logging alone
                 log_level="warning",
-                access_log=False,  # paths hold run ids; nothing about a request is logged
-                server_header=False,  # the upstream's own headers reach the caller
+                access_log=False,  # the gateway's paths hold run ids: no request is logged
+                server_header=False,  # the gateway's caller gets the upstream's own headers
                 date_header=False,
                 lifespan="on",
                 backlog=4096,
@@ -46,7 +49,7 @@ class ServerThread:
                 timeout_graceful_shutdown=2,
             )
         )
-        self._thread = threading.Thread(target=self._serve, name="arttrace-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"arttrace: {name}", daemon=True)
         self._failure: BaseException | None = None
 
     def _serve(self) -> None:
@@ -61,9 +64,7 @@ class ServerThread:
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.server.should_exit = True
-                raise UsageError(
-                    f"the gateway's server did not start ({self._failure!r}); see the log"
-                )
+                raise UsageError(f"{self.name} did not start ({self._failure!r}); see the log")
             time.sleep(0.005)
 
     def stop(self) -> None:
