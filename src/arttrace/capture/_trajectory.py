@@ -243,7 +243,9 @@ def trajectory(
     """
     current = _context.current_trajectory_var.get()
     if current is not None and current._hosting and current._scope is not None:
-        current.metadata.update(Trajectory(example_id, metadata).metadata)  # checked
+        extra = dict(metadata or {})
+        _check_metadata(extra)
+        current.metadata.update(extra)
         return current
     return Trajectory(example_id, metadata)
 
