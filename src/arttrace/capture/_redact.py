@@ -31,7 +31,8 @@ _SECRET_HEADERS = frozenset(
 _SECRET_PARAMS = frozenset(
     {"extra_headers", "headers", "default_headers", "api_key", "openai_api_key", "authorization"}
 )
-_known: set[str] = set()
+_known: tuple[str, ...] = ()
+"""The keys seen, longest first; replaced whole when a new one is seen (rare), read lock-free."""
 _lock = threading.Lock()
 
 
@@ -42,9 +43,10 @@ def remember(secret: object) -> None:
     value = secret.strip()
     if value.lower().startswith("bearer "):
         value = value[7:].strip()
-    if len(value) >= _MIN_SECRET:
+    global _known
+    if len(value) >= _MIN_SECRET and value not in _known:
         with _lock:
-            _known.add(value)
+            _known = tuple(sorted({*_known, value}, key=len, reverse=True))
 
 
 def remember_headers(headers: object) -> None:
@@ -57,9 +59,7 @@ def remember_headers(headers: object) -> None:
 
 def redact(text: str) -> str:
     """``text`` without the keys seen and without anything shaped like a key."""
-    with _lock:
-        known = sorted(_known, key=len, reverse=True)
-    for secret in known:
+    for secret in _known:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return _SHAPES.sub(REDACTED, text)
