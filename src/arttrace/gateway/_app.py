@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from ..capture import _context
 from ..capture._guard import guarded
 from ..capture._redact import remember, remember_headers
-from ._recorders import Recorder, open_recorder
+from ..capture._wire import Recorder
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
 from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
 
@@ -104,7 +104,7 @@ class GatewayApp:
             parsed = _json_object(body)
             if parsed is not None:
                 with guarded("the gateway opening a call's record"):
-                    recorder, sent = open_recorder(run, path, parsed, self.upstream.server)
+                    recorder, sent = run.open_recorder(path, parsed, self.upstream.server)
                     if sent is not parsed:
                         body = _dumps(sent)
         client = self.upstream.client(run_id)

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..capture._guard import guarded
 from ..capture._redact import redact
-from ._recorders import Recorder
+from ..capture._wire import Recorder
 from ._sse import EventReader
 
 TOKEN_HEADER = "x-arttrace-token"

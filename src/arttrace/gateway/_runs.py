@@ -33,8 +33,10 @@ from starlette.responses import JSONResponse, Response
 
 from .._errors import ConfigurationError
 from ..capture import _context
+from ..capture._calls import Settings
 from ..capture._context import TrainableScope
 from ..capture._trajectory import Trajectory, check_reward
+from ..capture._wire import Recorder, open_recorder
 
 if TYPE_CHECKING:
     from ..training._journal import Journal
@@ -70,6 +72,23 @@ class Run:
     """For a run opened over HTTP: the context its trajectory was entered in."""
     step: int = 0
     slot: tuple[int, int] = (0, 0)
+
+    def open_recorder(
+        self, path: str, body: dict[str, Any], server: Any
+    ) -> tuple[Recorder, dict[str, Any]]:
+        """The record of a call to ``path`` in this run (its trajectory, its policy scope), and
+        the body to send upstream."""
+        trajectory = _context.current_trajectory_var.set(self.trajectory)
+        scopes = _context.trainable_scopes.set((self.options.scope,))
+        attached = otel_context.attach(self.otel) if self.otel is not None else None
+        try:
+            settings = Settings(self.options.request_training_data, self.options.export_tokens)
+            return open_recorder(path, body, settings, server)
+        finally:
+            if attached is not None:
+                otel_context.detach(attached)
+            _context.trainable_scopes.reset(scopes)
+            _context.current_trajectory_var.reset(trajectory)
 
     def summary(self, url: str) -> dict[str, Any]:
         t = self.trajectory

@@ -1,9 +1,11 @@
-"""What the gateway records of a call, with the capture core's own parsers.
+"""A call read off the wire: a JSON request body, then the server's bytes (a whole body or
+server-sent events), for layers that see HTTP rather than SDK objects (the gateway, and the
+HTTP-client hooks below every SDK).
 
-A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the run's
-context (its trajectory, a ``@trainable``-like policy scope) so it lands in the run exactly
-as an in-process call would: the upstream's JSON becomes ``ChatCompletion`` /
-``ChatCompletionChunk`` objects fed to ``complete`` / ``add_chunk`` / ``end_stream``.
+A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the current
+context (trajectory, ``@trainable`` scopes), so it lands in the run exactly as an SDK call
+would: the server's JSON becomes ``ChatCompletion`` / ``ChatCompletionChunk`` objects fed to
+``complete`` / ``add_chunk`` / ``end_stream``.
 
 A Responses API call is forwarded and kept as context: arttrace has no Responses parser for
 exact tokens yet, so its text and function calls are recorded, not trained on, and the first
@@ -16,30 +18,28 @@ from typing import Any, Protocol
 
 import orjson
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from opentelemetry import context as otel_context
 from pydantic import ValidationError
 
-from ..capture import _context
-from ..capture._calls import OpenCall, Settings
-from ..capture._chat import Capture, message_dict, with_training_fields
-from ..capture._guard import guarded
-from ..capture._records import ChoiceRecord, LLMCall, jsonable
-from ..capture._redact import redact
-from ..capture._warnings import warn_untrainable
-from ._runs import Run
+from . import _context
+from ._calls import OpenCall, Settings
+from ._chat import Capture, message_dict, with_training_fields
+from ._guard import guarded
+from ._records import ChoiceRecord, LLMCall, jsonable
+from ._redact import redact
+from ._warnings import warn_untrainable
 
 _RESPONSES_FIX = (
-    "The gateway forwards Responses API calls but cannot read their exact tokens yet: point "
-    "the agent at Chat Completions (for the OpenAI Agents SDK, OpenAIChatCompletionsModel)."
+    "arttrace cannot read a Responses API call's exact tokens yet: point the agent at Chat "
+    "Completions (for the OpenAI Agents SDK, OpenAIChatCompletionsModel)."
 )
 
 
 class UpstreamError(Exception):
-    """The upstream answered with an error; the caller got that answer unchanged."""
+    """The server answered with an error; the caller got that answer unchanged."""
 
 
 class Recorder(Protocol):
-    """One call's record, fed what the upstream sends."""
+    """One call's record, fed what the server sends."""
 
     def whole(self, status: int, data: bytes) -> None: ...
     def event(self, data: bytes) -> None: ...
@@ -49,26 +49,18 @@ class Recorder(Protocol):
 
 
 def open_recorder(
-    run: Run, path: str, body: dict[str, Any], server: Any
+    path: str, body: dict[str, Any], settings: Settings, server: Any
 ) -> tuple[Recorder, dict[str, Any]]:
-    """The recorder of a call to ``path`` in ``run``, and the body to send upstream (asking for
-    exact tokens on a policy call when the run says so; sampling parameters are never touched)."""
-    trajectory = _context.current_trajectory_var.set(run.trajectory)
-    scopes = _context.trainable_scopes.set((run.options.scope,))
-    attached = otel_context.attach(run.otel) if run.otel is not None else None
-    try:
-        if path == "responses":
-            return _ResponsesCall(run, body, server), body
-        policy = _context.policy_scope(str(body.get("model", ""))) is not None
-        if policy and run.options.request_training_data:
-            body = training_fields(body)
-        settings = Settings(request_training_data=False, export_tokens=run.options.export_tokens)
-        return _ChatCall(Capture(body, settings, server)), body
-    finally:
-        if attached is not None:
-            otel_context.detach(attached)
-        _context.trainable_scopes.reset(scopes)
-        _context.current_trajectory_var.reset(trajectory)
+    """The recorder of a call to ``path`` (``chat/completions`` or ``responses``) made in the
+    current context, and the body to send: on a policy call it asks for exact tokens when
+    ``settings`` say so (sampling parameters are never touched)."""
+    if path == "responses":
+        return _ResponsesCall(body, settings, server), body
+    policy = _context.policy_scope(str(body.get("model", ""))) is not None
+    if policy and settings.request_training_data:
+        body = training_fields(body)
+    as_sent = Settings(request_training_data=False, export_tokens=settings.export_tokens)
+    return _ChatCall(Capture(body, as_sent, server)), body
 
 
 def training_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -92,9 +84,9 @@ class _ChatCall:
     def whole(self, status: int, data: bytes) -> None:
         self.done = True
         if status >= 400:
-            self.capture.fail(UpstreamError(f"the upstream answered {status}: {_excerpt(data)}"))
+            self.capture.fail(UpstreamError(f"the server answered {status}: {_excerpt(data)}"))
             return
-        with guarded("the gateway reading a Chat Completions response", self._unreadable):
+        with guarded("reading a Chat Completions response", self._unreadable):
             self.capture.complete(ChatCompletion.model_validate_json(data))
 
     def event(self, data: bytes) -> None:
@@ -103,14 +95,14 @@ class _ChatCall:
         if data == b"[DONE]":
             self.ended()
             return
-        with guarded("the gateway reading a Chat Completions stream", self._unreadable):
+        with guarded("reading a Chat Completions stream", self._unreadable):
             try:
                 chunk = ChatCompletionChunk.model_validate_json(data)
             except ValidationError:
                 event = orjson.loads(data)
                 if isinstance(event, dict) and "error" in event:  # vLLM's error in a stream
                     self.failed(
-                        UpstreamError(f"the upstream sent {_excerpt(data)}"),
+                        UpstreamError(f"the server sent {_excerpt(data)}"),
                         partial=True,
                     )
                     return
@@ -142,9 +134,10 @@ class _ResponsesCall(OpenCall):
 
     __slots__ = ()
 
-    def __init__(self, run: Run, body: dict[str, Any], server: Any) -> None:
+    def __init__(self, body: dict[str, Any], settings: Settings, server: Any) -> None:
         model = str(body.get("model", ""))
-        policy = run.options.scope.accepts(model)
+        trajectory = _context.current_trajectory_var.get()
+        scope = _context.policy_scope(model) if trajectory is not None else None
         tools = body.get("tools")
         call = LLMCall(
             model=model,
@@ -156,30 +149,30 @@ class _ResponsesCall(OpenCall):
                 if k not in ("input", "instructions", "tools", "model")
             },
             trainable=False,
-            agent=run.options.agent if policy else None,
+            agent=scope.name if scope else None,
             streamed=bool(body.get("stream")),
         )
-        super().__init__(call, run.trajectory, run.options.export_tokens, server)
-        if policy:
+        super().__init__(call, trajectory, settings.export_tokens, server)
+        if scope is not None:
             warn_untrainable(model, "a Responses API call", _RESPONSES_FIX)
 
     def whole(self, status: int, data: bytes) -> None:
         if status >= 400:
-            self.fail(UpstreamError(f"the upstream answered {status}: {_excerpt(data)}"))
+            self.fail(UpstreamError(f"the server answered {status}: {_excerpt(data)}"))
             return
-        with guarded("the gateway reading a Responses response", self._unreadable):
+        with guarded("reading a Responses response", self._unreadable):
             self._complete(orjson.loads(data))
 
     def event(self, data: bytes) -> None:
         if self._done:
             return
-        with guarded("the gateway reading a Responses stream", self._unreadable):
+        with guarded("reading a Responses stream", self._unreadable):
             event = orjson.loads(data)
             kind = event.get("type") if isinstance(event, dict) else None
             if kind in ("response.completed", "response.incomplete"):
                 self._complete(event["response"])
             elif kind in ("response.failed", "error"):
-                self.fail(UpstreamError(f"the upstream sent {_excerpt(data)}"))
+                self.fail(UpstreamError(f"the server sent {_excerpt(data)}"))
 
     def ended(self) -> None:
         self.abandon("the stream ended without a response.completed event")
@@ -229,6 +222,6 @@ def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _excerpt(data: bytes, limit: int = 500) -> str:
-    """The start of an upstream's error body, without the keys (a 401 may echo the key)."""
+    """The start of a server's error body, without the keys (a 401 may echo the key)."""
     text = redact(data.decode("utf-8", "replace"))
     return text[:limit] + ("..." if len(text) > limit else "")
