@@ -108,3 +108,13 @@ def remember_client(client: Any, extra: Iterable[object] = ()) -> None:
     remember_headers(getattr(client, "_custom_headers", None))
     for value in extra:
         remember_headers(value)
+
+
+class UpstreamError(Exception):
+    """The server answered with an error; the caller got that answer unchanged."""
+
+
+def excerpt(data: bytes, limit: int = 500) -> str:
+    """The start of a server's error body, without the keys (a 401 may echo the key)."""
+    text = redact(data.decode("utf-8", "replace"))
+    return text[:limit] + ("..." if len(text) > limit else "")
