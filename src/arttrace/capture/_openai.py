@@ -1,6 +1,11 @@
-"""The OpenAI SDK shim: Chat Completions ``create`` and ``parse`` (sync and async, streaming or
-not, ``with_raw_response``, and the ``stream()`` helper, which calls ``create``) wrapped with
-``wrapt``; the caller sees what it would see without it."""
+"""The OpenAI SDK shim: ``create`` and ``parse`` of Chat Completions and of the Responses API
+(sync and async, streaming or not, ``with_raw_response``, ``with_streaming_response``, and the
+``stream()`` helpers, which call ``create``) wrapped with ``wrapt``; the caller sees what it
+would see without it.
+
+A framework integration whose framework calls through the OpenAI SDK (the OpenAI Agents SDK)
+names the shim's record instead of keeping its own: :func:`add_namer`.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +15,53 @@ from typing import Any, TypeVar
 import openai
 import wrapt
 from openai._legacy_response import LegacyAPIResponse
+from openai._response import APIResponse, AsyncAPIResponse
 from openai.resources.chat.completions import AsyncCompletions, Completions
+from openai.resources.responses import AsyncResponses, Responses
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from . import _context
-from ._calls import Settings
+from ._calls import OpenCall, Settings
 from ._chat import Capture
 from ._guard import guarded
+from ._responses import ResponsesCall
 from ._unwrap import mark, ours, unwrap
 
 _Client = TypeVar("_Client", openai.OpenAI, openai.AsyncOpenAI)
+_Recorder = Capture | ResponsesCall
 _ABANDONED = "the stream was closed before its end"
 _METHODS = ("create", "parse")
-_CLASSES = ((Completions, False), (AsyncCompletions, True))
+_CLASSES = (
+    (Completions, False),
+    (AsyncCompletions, True),
+    (Responses, False),
+    (AsyncResponses, True),
+)
+_WHOLE = (ChatCompletion, Response)
+_namers: list[Callable[[OpenCall], None]] = []
+
+
+def add_namer(namer: Callable[[OpenCall], None]) -> None:
+    """Call ``namer`` with each call the shim opens (run under a guard), so a framework can name
+    it (``call.framework``, ``call.step``, span attributes) instead of recording it again."""
+    if namer not in _namers:
+        _namers.append(namer)
+
+
+def remove_namer(namer: Callable[[OpenCall], None]) -> None:
+    if namer in _namers:
+        _namers.remove(namer)
 
 
 def patch() -> None:
-    """Wrap the SDK's Chat Completions methods, once; they read the settings of
+    """Wrap the SDK's Chat Completions and Responses methods, once; they read the settings of
     :func:`arttrace.instrument` at each call."""
     for cls, is_async in _CLASSES:
         for method in _METHODS:
             if not ours(cls.__dict__[method]):
-                wrapt.wrap_function_wrapper(cls, method, _wrapper(_context.shim_settings, is_async))
+                wrapper = _wrapper(_context.shim_settings, is_async, _recorder_of(cls))
+                wrapt.wrap_function_wrapper(cls, method, wrapper)
 
 
 def unpatch() -> None:
@@ -42,23 +72,36 @@ def unpatch() -> None:
 
 
 def wrap(client: _Client, settings: Settings) -> _Client:
-    """Capture the Chat Completions calls of this one client (see :func:`arttrace.wrap_openai`)."""
-    completions = client.chat.completions
-    is_async = isinstance(completions, AsyncCompletions)
-    for method in _METHODS:
-        if ours(completions.__dict__.get(method)):
-            completions.__dict__.pop(method)
-        wrapped = wrapt.FunctionWrapper(
-            getattr(completions, method), _wrapper(lambda: settings, is_async)
-        )
-        setattr(completions, method, wrapped)
-    completions.__dict__.pop("with_raw_response", None)  # rebuilt over the wrapped methods
+    """Capture the Chat Completions and Responses calls of this one client (see
+    :func:`arttrace.wrap_openai`)."""
+    for resource in (client.chat.completions, client.responses):
+        is_async = isinstance(resource, AsyncCompletions | AsyncResponses)
+        opened = _recorder_of(type(resource))
+        for method in _METHODS:
+            if ours(resource.__dict__.get(method)):
+                resource.__dict__.pop(method)
+            wrapped = wrapt.FunctionWrapper(
+                getattr(resource, method), _wrapper(lambda: settings, is_async, opened)
+            )
+            setattr(resource, method, wrapped)
+        for view in ("with_raw_response", "with_streaming_response"):
+            resource.__dict__.pop(view, None)  # rebuilt over the wrapped methods
     return client
 
 
-def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
+def _recorder_of(cls: type) -> Callable[[dict[str, Any], Settings, Any], _Recorder]:
+    if issubclass(cls, Responses | AsyncResponses):
+        return lambda kwargs, settings, client: ResponsesCall(kwargs, settings, client, sdk=True)
+    return Capture
+
+
+def _wrapper(
+    settings: Callable[[], Settings | None],
+    is_async: bool,
+    opened: Callable[[dict[str, Any], Settings, Any], _Recorder],
+) -> Any:
     def sync_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        capture = _start(settings, instance, kwargs)
+        capture = _start(settings, instance, kwargs, opened)
         if capture is None:
             return wrapped(*args, **kwargs)
         token = _context.capturing.set(True)
@@ -71,7 +114,7 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
             _context.capturing.reset(token)
         return _observe(capture, result)
 
-    async def _async_create(wrapped: Any, args: Any, capture: Capture) -> Any:
+    async def _async_create(wrapped: Any, args: Any, capture: _Recorder) -> Any:
         token = _context.capturing.set(True)
         try:
             result = await wrapped(*args, **capture.kwargs)
@@ -83,7 +126,7 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
         return _observe(capture, result)
 
     def async_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        capture = _start(settings, instance, kwargs)
+        capture = _start(settings, instance, kwargs, opened)
         if capture is None:
             return wrapped(*args, **kwargs)
         return _async_create(wrapped, args, capture)
@@ -92,17 +135,24 @@ def _wrapper(settings: Callable[[], Settings | None], is_async: bool) -> Any:
 
 
 def _start(
-    settings: Callable[[], Settings | None], instance: Any, kwargs: dict[str, Any]
-) -> Capture | None:
+    settings: Callable[[], Settings | None],
+    instance: Any,
+    kwargs: dict[str, Any],
+    opened: Callable[[dict[str, Any], Settings, Any], _Recorder],
+) -> _Recorder | None:
     """A capture for this call, or ``None`` to let it pass untouched (also when arttrace
     fails to start one: the call runs uncaptured and the failure is logged)."""
-    with guarded("starting the capture of a Chat Completions call"):
+    with guarded("starting the capture of a call"):
         current = settings()
         if current is None or _context.capturing.get():
             return None
         if not _context.recording():
             return None  # nothing would keep the record, nothing would export the span
-        return Capture(kwargs, current, getattr(instance, "_client", None))
+        capture = opened(kwargs, current, getattr(instance, "_client", None))
+        for namer in _namers:
+            with guarded("naming a call", capture.lost):
+                namer(capture)
+        return capture
     return None
 
 
@@ -110,11 +160,11 @@ def _start(
 # and the caller gets its result, chunk or exception exactly as without arttrace.
 
 
-def _observe(capture: Capture, result: Any) -> Any:
+def _observe(capture: _Recorder, result: Any) -> Any:
     """Return ``result`` as the caller expects it, with the capture watching it."""
-    with guarded("reading a Chat Completions response", capture.lost):
-        if isinstance(result, ChatCompletion):
-            capture.complete(result)
+    with guarded("reading a response", capture.lost):
+        if isinstance(result, _WHOLE):
+            capture.complete(result)  # type: ignore[arg-type]  # each recorder its own type
             return result
         if isinstance(result, openai.Stream):
             return _Stream(result, capture)
@@ -122,21 +172,25 @@ def _observe(capture: Capture, result: Any) -> Any:
             return _AsyncStream(result, capture)
         if isinstance(result, LegacyAPIResponse):
             return _RawResponse(result, capture)
+        if isinstance(result, APIResponse):
+            return _StreamingResponse(result, capture)
+        if isinstance(result, AsyncAPIResponse):
+            return _AsyncStreamingResponse(result, capture)
         capture.abandon(f"unrecognised response type {type(result).__name__}")
     return result
 
 
-def _failed(capture: Capture, error: BaseException, *, partial: bool) -> None:
+def _failed(capture: _Recorder, error: BaseException, *, partial: bool) -> None:
     with guarded("recording a failed call", capture.lost):
         capture.fail(error, partial=partial)
 
 
-def _ended(capture: Capture) -> None:
+def _ended(capture: _Recorder) -> None:
     with guarded("ending a stream", capture.lost):
         capture.end_stream()
 
 
-def _closed(capture: Capture) -> None:
+def _closed(capture: _Recorder) -> None:
     with guarded("closing a stream", capture.lost):
         capture.abandon(_ABANDONED)
 
@@ -144,7 +198,7 @@ def _closed(capture: Capture) -> None:
 class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``openai.Stream`` as the caller knows it, reassembled on the side."""
 
-    def __init__(self, stream: openai.Stream[Any], capture: Capture) -> None:
+    def __init__(self, stream: openai.Stream[Any], capture: _Recorder) -> None:
         super().__init__(stream)
         self._self_capture = capture
         self._self_reading = guarded("reading a stream chunk", capture.lost)
@@ -185,7 +239,7 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
 class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``openai.AsyncStream`` as the caller knows it, reassembled on the side."""
 
-    def __init__(self, stream: openai.AsyncStream[Any], capture: Capture) -> None:
+    def __init__(self, stream: openai.AsyncStream[Any], capture: _Recorder) -> None:
         super().__init__(stream)
         self._self_capture = capture
         self._self_reading = guarded("reading a stream chunk", capture.lost)
@@ -226,7 +280,7 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
 class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """``with_raw_response``: the same ``LegacyAPIResponse``; ``parse()`` gives a watched stream."""
 
-    def __init__(self, response: LegacyAPIResponse[Any], capture: Capture) -> None:
+    def __init__(self, response: LegacyAPIResponse[Any], capture: _Recorder) -> None:
         super().__init__(response)
         self._self_capture = capture
         self._self_stream: Any = None
@@ -245,3 +299,51 @@ class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
                 self._self_stream = _observe(self._self_capture, result)
             return self._self_stream
         return result
+
+
+class _StreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
+    """``with_streaming_response``: the same ``APIResponse``; ``parse()`` gives a watched stream
+    or completes the record with the parsed response; closing it ends a stream not read out."""
+
+    def __init__(self, response: APIResponse[Any], capture: _Recorder) -> None:
+        super().__init__(response)
+        self._self_capture = capture
+        self._self_stream: Any = None
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        return _watched(self, self.__wrapped__.parse(*args, **kwargs))
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            _closed(self._self_capture)
+
+
+class _AsyncStreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
+    """``with_streaming_response`` of an async client (:class:`_StreamingResponse`)."""
+
+    def __init__(self, response: AsyncAPIResponse[Any], capture: _Recorder) -> None:
+        super().__init__(response)
+        self._self_capture = capture
+        self._self_stream: Any = None
+
+    async def parse(self, *args: Any, **kwargs: Any) -> Any:
+        return _watched(self, await self.__wrapped__.parse(*args, **kwargs))
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            _closed(self._self_capture)
+
+
+def _watched(proxy: Any, result: Any) -> Any:
+    """A parsed result of a streaming response, watched once (the SDK caches ``parse()``)."""
+    if isinstance(result, openai.Stream | openai.AsyncStream):
+        if proxy._self_stream is None or proxy._self_stream.__wrapped__ is not result:
+            proxy._self_stream = _observe(proxy._self_capture, result)
+        return proxy._self_stream
+    if isinstance(result, _WHOLE):
+        _observe(proxy._self_capture, result)  # a second parse() finds the record ended
+    return result

@@ -1,118 +1,542 @@
-"""The Responses API (``/v1/responses``): a call read from its JSON request body and the
-server's JSON response or stream events.
+"""The Responses API (``/v1/responses``): one parser for a call seen by the OpenAI SDK shim
+(typed objects, dumped to JSON form) and for one read off the wire (the gateway, the HTTP
+layer): the request's input items, the server's response or its stream events.
 
-A Responses call is kept as context: arttrace has no Responses parser for exact tokens yet, so
-its text and function calls are recorded, not trained on, and the first one per model warns
-(:class:`~arttrace.UntrainableTurnWarning`).
+**When a Responses turn is trainable.** ART trains a turn on the exact prompt ids and sampled
+ids (with their logprobs) of *one* generation. The response carries them in one of two forms:
+
+* ``token_generations`` (the carrier ART 0.5.23 reads, ``art/trajectories/_tokenize.py``,
+  supplied by patched vLLM/SGLang servers): one generation with ``prompt_token_ids``,
+  ``token_ids`` and logprobs (``output_tokens`` ``[{"token_id", "logprob"}]``, or a ``logprobs``
+  list). A response that ran several generations (server-side tool loops) has no single prompt.
+* **stock vLLM**, asked with ``enable_response_messages: true`` (vLLM's extension) and
+  ``include: ["message.output_text.logprobs"]``: ``input_messages[0].tokens`` are the prompt
+  ids, ``output_messages[0].tokens`` the sampled ids (``raw_message_tokens``; one entry each
+  when one generation ran), and the logprobs of the whole generation sit on the message's
+  ``output_text`` (vLLM attaches them there, tool-call tokens included; the final
+  ``response.completed`` event of a stream carries the same). vLLM drops them when the turn is
+  only a function call (no text item to carry them), so such a turn has no logprobs and is
+  kept as context. Logprob tokens ``token_id:<n>`` alone give ids but no prompt: not enough.
+
+On ``@trainable`` calls arttrace asks for both vLLM fields (sampling parameters untouched;
+``instrument(request_training_data=False)`` turns this off). A turn without exact tokens is
+kept as context, and the first per model warns (:class:`~arttrace.UntrainableTurnWarning`)
+naming the fix. The record is a Chat Completions-shaped :class:`~._records.LLMCall`: input items
+become messages (``function_call`` items an assistant's ``tool_calls``, ``function_call_output``
+items ``tool`` messages, ``reasoning`` items the assistant's ``reasoning``), so conversion to
+ART is the chat path's.
+
+``previous_response_id``: the model saw the chain's earlier turns, so the record's messages
+start with them when the earlier turn was recorded in this run; when it was not, the record
+says so (``params["arttrace_context"]``) and the first such call per model warns.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from array import array
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
+import openai
 import orjson
 
 from . import _context
 from ._calls import OpenCall, Settings
-from ._chat import message_dict
 from ._guard import guarded
-from ._records import ChoiceRecord, LLMCall, jsonable
-from ._redact import UpstreamError, excerpt
-from ._warnings import warn_untrainable
+from ._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ._redact import UpstreamError, excerpt, remember_client
+from ._warnings import _warn_once, warn_untrainable
 
-_RESPONSES_FIX = (
-    "arttrace cannot read a Responses API call's exact tokens yet: point the agent at Chat "
-    "Completions (for the OpenAI Agents SDK, OpenAIChatCompletionsModel)."
+if TYPE_CHECKING:
+    from ._trajectory import Trajectory
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+RESPONSE_MESSAGES = "enable_response_messages"
+NO_EXACT_TOKENS = "a Responses API turn without exact token ids"
+RESPONSES_FIX = (
+    "ART trains a turn on the exact prompt and sampled token ids, which a Responses API "
+    "server returns only when asked: serve the policy with vLLM, which returns them for "
+    "enable_response_messages=true with include=['message.output_text.logprobs'] (arttrace "
+    "asks for both on @trainable calls unless request_training_data=False; vLLM gives no "
+    "logprobs for a turn that is only a function call), or with a server that returns "
+    "token_generations. Otherwise call the model through Chat Completions (for the OpenAI "
+    "Agents SDK: OpenAIChatCompletionsModel)."
 )
+_TOKEN_REASONS = frozenset(
+    {"no logprobs", "no token ids", "token ids and logprobs differ in length"}
+)
+_NOT_PARAMS = frozenset(
+    {"input", "instructions", "tools", "model", "extra_headers", "extra_query", "timeout"}
+)
+_SENTINELS = (openai.NotGiven, openai.Omit)
+_TERMINAL = frozenset({"response.completed", "response.incomplete"})
+_FAILED = frozenset({"response.failed", "error"})
+
+
+def given(value: Any) -> bool:
+    return value is not None and not isinstance(value, _SENTINELS)
+
+
+def with_training_fields(body: dict[str, Any], *, sdk: bool) -> dict[str, Any]:
+    """``body`` asking for the logprobs (``include``) and vLLM's raw token ids
+    (``enable_response_messages``) unless the caller set them; ``sdk``: the SDK's keyword
+    arguments (vLLM's field goes in ``extra_body``), else a JSON body."""
+    out = dict(body)
+    include = list(out["include"]) if given(out.get("include")) else []
+    if LOGPROBS_INCLUDE not in include:
+        out["include"] = [*include, LOGPROBS_INCLUDE]
+    if not sdk:
+        out.setdefault(RESPONSE_MESSAGES, True)
+        return out
+    extra_body = out.get("extra_body")
+    extra = dict(extra_body) if isinstance(extra_body, Mapping) else {}
+    if RESPONSE_MESSAGES not in extra:
+        out["extra_body"] = {**extra, RESPONSE_MESSAGES: True}
+    return out
 
 
 class ResponsesCall(OpenCall):
-    """A Responses API call, kept as context: its input, and its output's text and calls."""
+    """One Responses API call. Fed by the shim (:meth:`complete` with the SDK's ``Response``,
+    :meth:`add_chunk` with its stream events) or by a wire layer (:meth:`whole`,
+    :meth:`event` with bytes); both end in :func:`read_response`. ``body`` is what to send:
+    on a policy call, with the training fields (see :func:`with_training_fields`)."""
 
-    __slots__ = ()
+    __slots__ = ("_items", "_text", "body", "kwargs")
 
-    def __init__(self, body: dict[str, Any], settings: Settings, server: Any) -> None:
+    def __init__(
+        self, body: dict[str, Any], settings: Settings, server: Any, *, sdk: bool = False
+    ) -> None:
         model = str(body.get("model", ""))
         trajectory = _context.current_trajectory_var.get()
         scope = _context.policy_scope(model) if trajectory is not None else None
-        tools = body.get("tools")
+        if scope is not None and settings.request_training_data:
+            body = with_training_fields(body, sdk=sdk)
+        items = body.get("input")
+        if isinstance(items, Iterable) and not isinstance(items, str | list | Mapping):
+            body = {**body, "input": list(items)}  # an iterator would be used up by the record
+        self.body = self.kwargs = body
+        remember_client(server, [body.get("extra_headers")])
         call = LLMCall(
             model=model,
-            messages=_input_messages(body),
-            tools=[dict(t) for t in tools] if isinstance(tools, list) else None,
-            params={
-                k: jsonable(v)
-                for k, v in body.items()
-                if k not in ("input", "instructions", "tools", "model")
-            },
-            trainable=False,
+            messages=[],
+            params={k: jsonable(v) for k, v in body.items() if k not in _NOT_PARAMS and given(v)},
+            trainable=scope is not None,
             agent=scope.name if scope else None,
             streamed=bool(body.get("stream")),
         )
+        self._items: list[dict[str, Any]] = []
+        self._text: list[str] = []
         super().__init__(call, trajectory, settings.export_tokens, server)
-        if scope is not None:
-            warn_untrainable(model, "a Responses API call", _RESPONSES_FIX)
+        with guarded("reading a Responses request", self._mark_unreadable):
+            call.tools = chat_tools(body.get("tools"))
+            call.messages = self._messages(body, trajectory)
+
+    def _messages(
+        self, body: dict[str, Any], trajectory: Trajectory | None
+    ) -> list[dict[str, Any]]:
+        instructions = body.get("instructions")
+        system = (
+            [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+        )
+        skipped: list[str] = []
+        turn = input_messages(body.get("input"), skipped)
+        if skipped:
+            self.call.params["arttrace_skipped_items"] = skipped
+        previous = body.get("previous_response_id")
+        if not given(previous):
+            return system + turn
+        earlier = _recorded(trajectory, str(previous))
+        if earlier is None:
+            self.call.params["arttrace_context"] = (
+                f"previous_response_id {previous!r} was not recorded in this run: the messages "
+                "start at this turn's input, the model saw more"
+            )
+            if self.call.trainable:
+                _warn_chain(self.call.model, str(previous))
+            return system + turn
+        history = [m for m in earlier.messages if m.get("role") != "system"]
+        said = [earlier.choices[0].message] if earlier.choices else []
+        return system + history + said + turn
+
+    # -- the SDK's objects -----------------------------------------------------------------
+
+    def complete(self, response: Any) -> None:
+        """The whole response (the SDK's ``Response``, or its JSON form)."""
+        if not self._claim():
+            return
+        with guarded("reading a Responses response", self._mark_unreadable):
+            read_response(self.call, _plain(response))
+        self._close()
+
+    def add_chunk(self, event: Any) -> None:
+        """One stream event (the SDK's object, or its JSON form)."""
+        if self._done:
+            return
+        kind = _field(event, "type")
+        if kind == "response.output_text.delta":
+            self._text.append(str(_field(event, "delta") or ""))
+        elif kind == "response.output_item.done":
+            self._items.append(_plain(_field(event, "item")))
+            self._text = []
+        elif kind in _TERMINAL:
+            self.complete(_field(event, "response"))
+        elif kind in _FAILED:
+            self.fail(UpstreamError(f"the server sent {_error_text(event)}"), partial=True)
+
+    def end_stream(self) -> None:
+        self.abandon("the stream ended without a response.completed event")
+
+    def fail(self, error: BaseException, *, partial: bool = False) -> None:
+        if not self._claim():
+            return
+        with guarded("recording a failed call", self._mark_unreadable):
+            self.call.partial = partial
+            if partial:
+                self._keep_partial()
+            self._record_error(error)
+        self._close()
+
+    def _record_abandoned(self, why: str) -> None:
+        self._keep_partial()
+        super()._record_abandoned(why)
+
+    def lost(self, error: BaseException) -> None:
+        if not self._claim():
+            return
+        self._mark_unreadable(error)
+        if self.call.streamed:
+            with guarded("keeping a stream's output"):
+                self._keep_partial()
+        self._close()
+
+    def _keep_partial(self) -> None:
+        """What arrived of a stream that did not finish, as context."""
+        items = list(self._items)
+        if self._text:
+            items.append(
+                {
+                    "type": "message",
+                    "content": [{"type": "output_text", "text": "".join(self._text)}],
+                }
+            )
+        if items:
+            self.call.choices = [ChoiceRecord(0, assistant_message(items), None)]
+
+    # -- the wire's bytes ------------------------------------------------------------------
 
     def whole(self, status: int, data: bytes) -> None:
         if status >= 400:
             self.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
             return
-        with guarded("reading a Responses response", self._unreadable):
-            self._complete(orjson.loads(data))
+        with guarded("reading a Responses response", self.lost):
+            self.complete(orjson.loads(data))
 
     def event(self, data: bytes) -> None:
         if self._done:
             return
-        with guarded("reading a Responses stream", self._unreadable):
+        with guarded("reading a Responses stream", self.lost):
             event = orjson.loads(data)
-            kind = event.get("type") if isinstance(event, dict) else None
-            if kind in ("response.completed", "response.incomplete"):
-                self._complete(event["response"])
-            elif kind in ("response.failed", "error"):
-                self.fail(UpstreamError(f"the server sent {excerpt(data)}"))
+            if isinstance(event, dict):
+                self.add_chunk(event)
 
     def ended(self) -> None:
-        self.abandon("the stream ended without a response.completed event")
+        self.end_stream()
 
     def failed(self, error: BaseException, *, partial: bool) -> None:
-        self.call.partial = partial
-        self.fail(error)
+        self.fail(error, partial=partial)
 
     def abandoned(self, why: str) -> None:
         self.abandon(why)
 
-    def _complete(self, response: dict[str, Any]) -> None:
-        text: list[str] = []
-        tool_calls: list[dict[str, Any]] = []
-        for item in response.get("output") or ():
-            if item.get("type") == "message":
-                text += [p.get("text", "") for p in item.get("content") or () if "text" in p]
-            elif item.get("type") == "function_call":
-                tool_calls.append(
-                    {
-                        "id": item.get("call_id"),
-                        "type": "function",
-                        "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-                    }
-                )
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        finish = "tool_calls" if tool_calls else "stop"
-        self.call.response_id, self.call.response_model = response.get("id"), response.get("model")
-        self.call.usage = response.get("usage")
-        self.call.choices = [ChoiceRecord(0, message, finish)]
-        self._finish()
+    # -- the one warning -------------------------------------------------------------------
 
-    def _unreadable(self, error: BaseException) -> None:
-        self.lost(error)
+    def _warn_untrainable(self) -> None:
+        call = self.call
+        if call.capture_error or not call.choices:
+            super()._warn_untrainable()
+            return
+        reason = call.untrainable_reason(call.choices[0])
+        if reason in _TOKEN_REASONS:
+            warn_untrainable(call.model, NO_EXACT_TOKENS, RESPONSES_FIX)
+        elif reason is not None:
+            warn_untrainable(call.model, reason)
 
 
-def _input_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    items = body.get("input")
-    messages = [{"role": "user", "content": items}] if isinstance(items, str) else []
-    if isinstance(items, list):
-        messages = [message_dict(i) for i in items if isinstance(i, dict)]
-    if isinstance(body.get("instructions"), str):
-        messages.insert(0, {"role": "system", "content": body["instructions"]})
+# -- reading a response ---------------------------------------------------------------------
+
+
+def read_response(call: LLMCall, response: dict[str, Any]) -> None:
+    """Fill ``call`` from a Responses ``response`` (JSON form): the message first, so that it
+    stays as context if the tokens cannot be read."""
+    call.response_id, call.response_model = _name(response.get("id")), _name(response.get("model"))
+    usage = response.get("usage")
+    call.usage = dict(usage) if isinstance(usage, Mapping) else None
+    items = [i for i in response.get("output") or () if isinstance(i, Mapping)]
+    message = assistant_message(items)
+    status = response.get("status")
+    if status in ("failed", "cancelled"):
+        call.error = f"the response ended {status}: {_error_text(response.get('error'))}"
+    record = ChoiceRecord(0, message, _finish_reason(response, message))
+    call.choices = [record]
+    prompt, ids, logprobs, tokens, top = _exact_tokens(response, items)
+    call.prompt_token_ids = prompt
+    record.token_ids = ids
+    if logprobs is not None:
+        record.logprobs = logprobs
+        if ids is None and tokens:
+            record.token_ids = token_ids_from_tokens(tokens)
+            if record.token_ids is None:
+                record.tokens = tokens
+        if top and len(top) == len(logprobs):
+            record.top_logprobs = top
+
+
+def _finish_reason(response: Mapping[str, Any], message: Mapping[str, Any]) -> str | None:
+    status = response.get("status")
+    if status == "completed":
+        return "tool_calls" if message.get("tool_calls") else "stop"
+    if status == "incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        return {"max_output_tokens": "length", "content_filter": "content_filter"}.get(str(reason))
+    return None
+
+
+type Tokens = tuple[
+    array[int] | None, array[int] | None, array[float] | None, list[str], list[list[dict[str, Any]]]
+]
+
+
+def _exact_tokens(response: Mapping[str, Any], items: list[Mapping[str, Any]]) -> Tokens:
+    """(prompt ids, sampled ids, logprobs, logprob token strings, alternatives) of the one
+    generation, from ``token_generations`` or from vLLM's raw messages and content logprobs."""
+    generations = response.get("token_generations")
+    if isinstance(generations, list):
+        if len(generations) != 1 or not isinstance(generations[0], Mapping):
+            return None, None, None, [], []
+        return _generation(generations[0])
+    entries = [
+        entry
+        for item in items
+        if item.get("type") == "message"
+        for part in item.get("content") or ()
+        if isinstance(part, Mapping) and isinstance(part.get("logprobs"), list)
+        for entry in part["logprobs"]
+    ]
+    logprobs = array("d", [float(e["logprob"]) for e in entries]) if entries else None
+    tokens = [str(e.get("token", "")) for e in entries]
+    top = [
+        [
+            {"token": a.get("token"), "logprob": a.get("logprob")}
+            for a in e.get("top_logprobs") or ()
+        ]
+        for e in entries
+    ]
+    prompt = _raw_tokens(response.get("input_messages"))
+    ids = _raw_tokens(response.get("output_messages"))
+    return prompt, ids, logprobs, tokens, top if any(top) else []
+
+
+def _generation(generation: Mapping[str, Any]) -> Tokens:
+    prompt = _ids(generation.get("prompt_token_ids"))
+    ids = _ids(generation.get("token_ids"))
+    pairs = generation.get("output_tokens")
+    logprobs: array[float] | None = None
+    if isinstance(pairs, list) and pairs:
+        if ids is None:
+            ids = _ids([p.get("token_id") for p in pairs])
+        logprobs = array("d", [float(p["logprob"]) for p in pairs])
+    elif isinstance(generation.get("logprobs"), list):
+        logprobs = array("d", [float(v) for v in generation["logprobs"]])
+    return prompt, ids, logprobs, [], []
+
+
+def _raw_tokens(messages: Any) -> array[int] | None:
+    """vLLM's ``raw_message_tokens`` list: the ids of its one entry (more entries: several
+    generations ran, none is the turn's own)."""
+    if not isinstance(messages, list) or len(messages) != 1 or not isinstance(messages[0], Mapping):
+        return None
+    return _ids(messages[0].get("tokens"))
+
+
+def _ids(raw: Any) -> array[int] | None:
+    if not isinstance(raw, list):
+        return None
+    return array("q", raw)  # refuses what is not a 64-bit int: the read is guarded
+
+
+# -- input items and output items as chat messages -------------------------------------------
+
+
+def input_messages(items: Any, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """A Responses ``input`` as chat messages: a string is the user's message; consecutive
+    assistant items (text, ``function_call``, ``reasoning``) make one assistant message. Items
+    with no chat form (a server-side tool's call, an ``item_reference``) are left out, their
+    types appended to ``skipped``."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    turn: list[dict[str, Any]] = []  # the assistant items not yet folded into a message
+
+    def flush() -> None:
+        if turn:
+            messages.append(assistant_message(turn))
+            turn.clear()
+
+    for raw in items if isinstance(items, list | tuple) else ():
+        item = _plain(raw)
+        kind = item.get("type", "message")
+        if kind in ("function_call", "reasoning") or (
+            kind == "message" and item.get("role") == "assistant"
+        ):
+            if kind == "reasoning" and turn:
+                flush()  # reasoning opens an assistant turn
+            turn.append(item)
+            continue
+        flush()
+        if kind == "function_call_output":
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id"),
+                    "content": _text(item.get("output")),
+                }
+            )
+        elif kind == "message":
+            messages.append(
+                {"role": item.get("role", "user"), "content": _content(item.get("content"))}
+            )
+        elif skipped is not None:
+            skipped.append(str(kind))
+    flush()
     return messages
+
+
+def assistant_message(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Output items (or an input's assistant items) as one chat assistant message."""
+    text: list[str] = []
+    refusal: list[str] = []
+    reasoning: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, str):
+                text.append(content)
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, Mapping):
+                    if part.get("type") == "refusal":
+                        refusal.append(str(part.get("refusal") or ""))
+                    elif isinstance(part.get("text"), str):
+                        text.append(part["text"])
+        elif kind == "function_call":
+            tool_calls.append(
+                {
+                    "id": item.get("call_id"),
+                    "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                }
+            )
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or ()
+            reasoning += [str(p.get("text") or "") for p in parts if isinstance(p, Mapping)]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if refusal:
+        message["refusal"] = "".join(refusal)
+    if reasoning:
+        message["reasoning"] = "".join(reasoning)
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return message
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Responses function tools in the Chat Completions form ART's histories hold
+    (``{"type": "function", "function": {...}}``); other tools as they came."""
+    if not given(tools) or not isinstance(tools, list | tuple):
+        return None
+    out = []
+    for raw in tools:
+        tool = _plain(raw)
+        if tool.get("type") == "function" and "function" not in tool:
+            function = {k: v for k, v in tool.items() if k != "type"}
+            out.append({"type": "function", "function": function})
+        else:
+            out.append(tool)
+    return out
+
+
+def _content(content: Any) -> Any:
+    """Message content: text parts as one string; other parts (images, files) in chat form."""
+    if not isinstance(content, list):
+        return content
+    parts = [_plain(p) for p in content]
+    if all(isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    chat: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part.get("text"), str):
+            chat.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "input_image" and part.get("image_url"):
+            chat.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            chat.append(part)
+    return chat
+
+
+def _text(output: Any) -> Any:
+    """A function call's output: a string, or its text parts joined."""
+    if isinstance(output, list):
+        return _content(output)
+    return output
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _recorded(trajectory: Trajectory | None, response_id: str) -> LLMCall | None:
+    """The record of the run's call whose response was ``response_id``."""
+    if trajectory is None:
+        return None
+    for call in reversed(list(trajectory.call_log.records)):
+        if call.response_id == response_id:
+            return call
+    return None
+
+
+def _warn_chain(model: str, previous: str) -> None:
+    _warn_once(
+        (model, "previous_response_id"),
+        f"arttrace: a @trainable Responses call to model {model!r} continues response "
+        f"{previous!r}, which was not recorded in this run, so its record starts at this "
+        "turn's input (the server's token ids still cover the whole chain). Make the chain's "
+        "earlier calls inside the same trajectory, or send the whole conversation as input.",
+        UserWarning,
+    )
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    """An SDK object or a mapping as a JSON-form dict (extras, such as vLLM's, included)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    dump = getattr(value, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"arttrace cannot read a {type(value).__name__} as a Responses item")
+    return dict(dump(mode="json", exclude_none=True, warnings=False))
+
+
+def _field(value: Any, name: str) -> Any:
+    return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+
+
+def _name(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _error_text(value: Any) -> str:
+    try:
+        data = orjson.dumps(_plain(value)) if value is not None else b"no detail"
+    except (TypeError, orjson.JSONEncodeError):
+        data = repr(value).encode()
+    return excerpt(data)

@@ -1,23 +1,40 @@
-"""The scripted model over real HTTP on 127.0.0.1, in a background thread."""
+"""The scripted model over real HTTP on 127.0.0.1, in a background thread: Chat Completions
+(``/v1/chat/completions``), the Responses API (``/v1/responses``, :mod:`.responses`) and
+legacy Completions (``/v1/completions``, :mod:`.completions`), each answered as vLLM does."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
+from .completions import CompletionsAPI
 from .llm import ScriptedLLM, StreamCut
+from .responses import ResponsesAPI
+
+Route = Callable[[dict[str, Any]], tuple[int, dict[str, Any] | None, Iterator[bytes] | None]]
 
 
 class LLMServer:
-    """``with serve(llm) as server:`` then point any OpenAI client at ``server.base_url``."""
+    """``with serve(llm) as server:`` then point any OpenAI client at ``server.base_url``.
+
+    ``responses`` and ``completions`` are the endpoints' answerers (their ``requests``, and
+    ``responses.token_generations``)."""
 
     def __init__(self, llm: ScriptedLLM, port: int = 0) -> None:
         self.llm = llm
-        self._httpd = _HTTPServer(("127.0.0.1", port), _handler(llm))
+        self.responses = ResponsesAPI(llm)
+        self.completions = CompletionsAPI(llm)
+        routes: dict[str, Route] = {
+            "/chat/completions": llm.respond,
+            "/responses": self.responses.respond,
+            "/completions": self.completions.respond,
+        }
+        self._httpd = _HTTPServer(("127.0.0.1", port), _handler(routes))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
@@ -60,7 +77,7 @@ def serve(llm: ScriptedLLM | None = None, port: int = 0) -> LLMServer:
     return LLMServer(llm or ScriptedLLM(), port).start()
 
 
-def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
+def _handler(routes: dict[str, Route]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -77,7 +94,12 @@ def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._json(400, {"error": {"message": "the request body is not JSON"}})
                 return
-            status, payload, chunks = llm.respond(body)
+            path = self.path.split("?")[0].rstrip("/")
+            route = next((r for suffix, r in routes.items() if path.endswith(suffix)), None)
+            if route is None:
+                self._json(404, {"error": {"message": f"no route {path}"}})
+                return
+            status, payload, chunks = route(body)
             if chunks is None:
                 self._json(status, payload)
                 return
