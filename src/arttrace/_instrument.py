@@ -1,7 +1,8 @@
-"""Turning capture on and off: the OpenAI SDK shim and the framework hooks together.
+"""Turning capture on and off: the OpenAI SDK shim, the framework hooks and the HTTP-client
+layer together.
 
 Nothing is imported here that the application has not imported: the SDK is patched, and each
-framework hooked, when the application imports it (at once if it already has).
+framework and HTTP client hooked, when the application imports it (at once if it already has).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from . import integrations
-from .capture import _context, _threads
+from .capture import _context, _http, _threads
 from .capture._calls import Settings
 from .capture._imports import when_imported
 
@@ -26,10 +27,14 @@ _SHIM = "arttrace.capture._openai"
 
 
 def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
-    """Capture every Chat Completions call made through the OpenAI SDK, and hook the
-    frameworks that are installed (LangChain, LlamaIndex, Google ADK) when they are imported.
-    Threads started or submitted inside a run (``threading.Thread``, ``ThreadPoolExecutor``,
-    ``loop.run_in_executor``) carry the run, so their calls are recorded in it.
+    """Capture every model call the application makes: Chat Completions through the OpenAI
+    SDK; the frameworks that are installed (LangChain, LlamaIndex, Google ADK), hooked when they
+    are imported; and, below every client arttrace does not wrap (LiteLLM, DSPy, raw httpx,
+    aiohttp, requests, ``urllib``), each POST to an OpenAI-compatible ``/chat/completions``,
+    ``/responses`` or ``/completions`` path, read at the HTTP layer. A call seen by several
+    layers is kept once. Threads started or submitted inside a run (``threading.Thread``,
+    ``ThreadPoolExecutor``, ``loop.run_in_executor``) carry the run, so their calls are
+    recorded in it.
 
     Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
     :class:`arttrace.Settings` for the two options.
@@ -40,13 +45,15 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
         when_imported("openai", _patch_openai)
     _threads.install()
     integrations.hook_frameworks()
+    _http.install()
 
 
 def uninstrument() -> None:
-    """Remove the global patch and the framework hooks (idempotent). Clients passed to
-    :func:`wrap_openai` stay wrapped."""
+    """Remove the global patch, the framework hooks and the HTTP-client hooks (idempotent).
+    Clients passed to :func:`wrap_openai` stay wrapped."""
     if _context.shim_settings() is None:
         return
+    _http.uninstall()
     integrations.unhook_frameworks()
     _threads.uninstall()
     shim = sys.modules.get(_SHIM)

@@ -1,11 +1,15 @@
 """One call, seen by two layers, kept once.
 
 A framework's call to an OpenAI-compatible server (LangChain's ``ChatOpenAI``, LlamaIndex's
-``OpenAI``, ADK's ``LiteLlm``) is seen by the framework's callbacks and, below them, by the
-OpenAI shim. The shim's record has the exact request and tokens; the framework's has its names.
-:func:`merge_layers` pairs them and keeps the shim's record, named by the framework.
+``OpenAI``, ADK's ``LiteLlm``) is seen by the framework's callbacks and, below them, by a layer
+that reads the request itself: the OpenAI shim (``source == "openai"``) or, for a client
+arttrace does not wrap (ADK's ``LiteLlm("hosted_vllm/...")``, LiteLLM, DSPy), the HTTP-client
+layer (``source == "http"``). The lower record has the exact request and tokens; the
+framework's has its names. :func:`merge_layers` pairs them and keeps the lower record, named by
+the framework. The shim and the HTTP layer never both record one call: the HTTP layer stands
+aside while a captured SDK call runs (``_context.capturing``).
 
-A framework record and a shim record are the same call when the shim's call started while the
+A framework record and a lower record are the same call when the lower call started while the
 framework's was open and both produced the same response: the same response id, or the same
 first message (role, text, tool calls and their arguments).
 """
@@ -18,9 +22,13 @@ from collections.abc import Iterable
 from ._conversations import message_key
 from ._records import LLMCall
 
+LOWER_LAYERS = frozenset({"openai", "http"})
+"""The sources of records read off the request itself (exact tokens): the SDK shim's and the
+HTTP layer's. Any other source is a framework's."""
+
 
 def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:
-    """``calls`` in start order, each framework record folded into its shim record."""
+    """``calls`` in start order, each framework record folded into its lower-layer record."""
     ordered = sorted(calls, key=lambda c: c.seq)
     pairs = _pairs(ordered)
     for framework_call, match in pairs:
@@ -33,17 +41,18 @@ def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:
 
 
 def is_paired(framework_call: LLMCall, records: Iterable[LLMCall]) -> bool:
-    """Whether the merge would fold ``framework_call`` into a shim record among ``records``."""
+    """Whether the merge would fold ``framework_call`` into a lower-layer record among
+    ``records``."""
     ordered = sorted([*records, framework_call], key=lambda c: c.seq)
     return any(f is framework_call for f, _ in _pairs(ordered))
 
 
 def _pairs(ordered: list[LLMCall]) -> list[tuple[LLMCall, LLMCall]]:
-    """(framework record, shim record) of each call both layers saw, ``ordered`` by start."""
-    sdk = [c for c in ordered if c.source == "openai"]
+    """(framework record, lower record) of each call both layers saw, ``ordered`` by start."""
+    sdk = [c for c in ordered if c.source in LOWER_LAYERS]
     claimed: set[int] = set()
     pairs = []
-    for framework_call in (c for c in ordered if c.source != "openai"):
+    for framework_call in (c for c in ordered if c.source not in LOWER_LAYERS):
         match = next(
             (
                 s

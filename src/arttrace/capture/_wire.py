@@ -1,13 +1,14 @@
 """A call read off the wire: a JSON request body, then the server's bytes (a whole body or
 server-sent events), for layers that see HTTP rather than SDK objects (the gateway, and the
-HTTP-client hooks below every SDK).
+HTTP-client layer below every SDK, :mod:`._http`).
 
 A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the current
 context (trajectory, ``@trainable`` scopes), so it lands in the run exactly as an SDK call
 would: the server's JSON becomes ``ChatCompletion`` / ``ChatCompletionChunk`` objects fed to
 ``complete`` / ``add_chunk`` / ``end_stream``.
 
-A Responses API call is a :class:`~arttrace.capture._responses.ResponsesCall`.
+A Responses API call is a :class:`~arttrace.capture._responses.ResponsesCall`; a legacy
+Completions call a :class:`~arttrace.capture._completions.CompletionsCall` (context only).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pydantic import ValidationError
 from . import _context
 from ._calls import Settings
 from ._chat import Capture, with_training_fields
+from ._completions import CompletionsCall
 from ._guard import guarded
+from ._records import LLMCall
 from ._redact import UpstreamError, excerpt
 from ._responses import ResponsesCall
 
@@ -34,21 +37,30 @@ class Recorder(Protocol):
     def ended(self) -> None: ...
     def failed(self, error: BaseException, *, partial: bool) -> None: ...
     def abandoned(self, why: str) -> None: ...
+    def lost(self, error: BaseException) -> None: ...
 
 
 def open_recorder(
-    path: str, body: dict[str, Any], settings: Settings, server: Any
+    path: str, body: dict[str, Any], settings: Settings, server: Any, *, source: str = "openai"
 ) -> tuple[Recorder, dict[str, Any]]:
-    """The recorder of a call to ``path`` (``chat/completions`` or ``responses``) made in the
-    current context, and the body to send: on a policy call it asks for exact tokens when
-    ``settings`` say so (sampling parameters are never touched)."""
+    """The recorder of a call to ``path`` (``chat/completions``, ``responses`` or
+    ``completions``) made in the current context, and the body to send: on a policy call it
+    asks for exact tokens when ``settings`` say so (sampling parameters are never touched).
+    ``source`` names the layer on the record (the layer merge reads it)."""
+    recorder: _ChatCall | ResponsesCall | CompletionsCall
     if path == "responses":
-        return ResponsesCall(body, settings, server), body
-    policy = _context.policy_scope(str(body.get("model", ""))) is not None
-    if policy and settings.request_training_data:
-        body = training_fields(body)
-    as_sent = Settings(request_training_data=False, export_tokens=settings.export_tokens)
-    return _ChatCall(Capture(body, as_sent, server)), body
+        recorder = ResponsesCall(body, settings, server)
+        body = recorder.body  # on a policy call, with the training fields
+    elif path == "completions":
+        recorder = CompletionsCall(body, settings, server)
+    else:
+        policy = _context.policy_scope(str(body.get("model", ""))) is not None
+        if policy and settings.request_training_data:
+            body = training_fields(body)
+        as_sent = Settings(request_training_data=False, export_tokens=settings.export_tokens)
+        recorder = _ChatCall(Capture(body, as_sent, server))
+    recorder.call.source = source
+    return recorder, body
 
 
 def training_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +80,10 @@ class _ChatCall:
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self.done = False
+
+    @property
+    def call(self) -> LLMCall:
+        return self.capture.call
 
     def whole(self, status: int, data: bytes) -> None:
         self.done = True
@@ -112,6 +128,11 @@ class _ChatCall:
             self.done = True
             self.capture.abandon(why)
 
-    def _unreadable(self, error: BaseException) -> None:
+    def lost(self, error: BaseException) -> None:
+        """arttrace failed recording the call (``error``, already logged): kept as context,
+        marked, one warning if a policy turn."""
         self.done = True
-        self.capture.lost(error)  # kept as context, marked, one warning if a policy turn
+        self.capture.lost(error)
+
+    def _unreadable(self, error: BaseException) -> None:
+        self.lost(error)

@@ -19,8 +19,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..capture._guard import guarded
 from ..capture._redact import redact
+from ..capture._sse import EventReader
 from ..capture._wire import Recorder
-from ._sse import EventReader
 
 TOKEN_HEADER = "x-arttrace-token"
 """Where a caller may put the gateway's own token, leaving ``Authorization`` for the upstream."""

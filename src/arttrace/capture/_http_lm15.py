@@ -1,0 +1,146 @@
+"""DSPy's default engine under the HTTP-client layer.
+
+DSPy 3.4's native engine (its vendored lm15) sends with its own HTTP/1.1 transports on bare
+sockets, not with httpx, requests or ``http.client``: every request passes through
+``StdlibTransport.stream`` (sync) or ``StdlibAsyncTransport._do_stream`` (async), which return
+a response whose iteration yields the body's pieces. The pieces are recorded as the caller
+iterates (its ``read()`` and ``iter_lines()`` iterate too); a response released before its
+end is abandoned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import wrapt
+from dspy._vendor.lm15.transports import StdlibAsyncTransport, StdlibTransport
+
+from . import _context
+from ._guard import guarded
+from ._http import Exchange, endpoint, open_exchange
+from ._unwrap import mark, ours, unwrap
+
+
+def patch() -> None:
+    for cls, name, wrapper in _HOOKS:
+        if not ours(cls.__dict__[name]):
+            wrapt.wrap_function_wrapper(cls, name, wrapper)
+
+
+def unpatch() -> None:
+    for cls, name, _ in _HOOKS:
+        unwrap(cls, name)
+
+
+def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, Any] | None:
+    request: Any = args[0] if args else kwargs.get("request")
+    url = urllib.parse.urlsplit(getattr(request, "url", "") or "")
+    api = endpoint(getattr(request, "method", ""), url.path)
+    if api is None:
+        return None
+    opened = open_exchange(api, request.body, url.hostname, url.port)
+    if opened is None:
+        return None
+    exchange, new_body = opened
+    if new_body is None:
+        return exchange, request
+    with guarded("rewriting a DSPy request", exchange.lost):
+        headers = [
+            (k, str(len(new_body)) if k.lower() == "content-length" else v)
+            for k, v in request.headers
+        ]
+        return exchange, dataclasses.replace(request, body=new_body, headers=headers)
+    return exchange, request
+
+
+@mark
+def _stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    opened = _open(args, kwargs)
+    if opened is None:
+        return wrapped(*args, **kwargs)
+    exchange, request = opened
+    token = _context.capturing.set(True)
+    try:
+        response = wrapped(request)
+    except BaseException as error:
+        exchange.failed(error, partial=False)
+        raise
+    finally:
+        _context.capturing.reset(token)
+    with guarded("watching a DSPy response", exchange.lost):
+        _watch(exchange, response, _pieces(response._chunks, exchange))
+        release = response._release
+
+        def released(body_consumed: bool) -> Any:
+            try:
+                return release(body_consumed)
+            finally:
+                exchange.closed()
+
+        response._release = released
+    return response
+
+
+@mark
+def _do_stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    opened = _open(args, kwargs)
+    if opened is None:
+        return wrapped(*args, **kwargs)
+    return _do_stream_recorded(wrapped, *opened)
+
+
+async def _do_stream_recorded(wrapped: Any, exchange: Exchange, request: Any) -> Any:
+    token = _context.capturing.set(True)
+    try:
+        response = await wrapped(request)
+    except BaseException as error:
+        exchange.failed(error, partial=False)
+        raise
+    finally:
+        _context.capturing.reset(token)
+    with guarded("watching a DSPy response", exchange.lost):
+        _watch(exchange, response, _apieces(response._chunks, exchange))
+        release = response._release
+
+        async def released(body_consumed: bool) -> Any:
+            try:
+                return await release(body_consumed)
+            finally:
+                exchange.closed()
+
+        response._release = released
+    return response
+
+
+def _watch(exchange: Exchange, response: Any, pieces: Any) -> None:
+    """The response's pieces pass through ``pieces`` (the caller's iteration drives it)."""
+    exchange.answered(response.status, response.header("content-type"))
+    response._chunks = pieces
+
+
+def _pieces(chunks: Iterator[bytes], exchange: Exchange) -> Iterator[bytes]:
+    try:
+        for piece in chunks:
+            exchange.read(piece)
+            yield piece
+    except Exception as error:
+        exchange.failed(error, partial=True)
+        raise
+    exchange.ended()
+
+
+async def _apieces(chunks: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:
+    try:
+        async for piece in chunks:
+            exchange.read(piece)
+            yield piece
+    except Exception as error:
+        exchange.failed(error, partial=True)
+        raise
+    exchange.ended()
+
+
+_HOOKS = ((StdlibTransport, "stream", _stream), (StdlibAsyncTransport, "_do_stream", _do_stream))
