@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenL
 from pydantic import BaseModel, TypeAdapter
 
 from .capture._conversations import Conversation, Turn
-from .capture._records import ChoiceRecord
+from .capture._records import AS_OPENAI_FINISH_REASON, ChoiceRecord
 
 _new, _set = object.__new__, object.__setattr__
 _TOKENS = TypeAdapter(list[str])
@@ -55,13 +55,16 @@ def _context_message(turn: Turn) -> dict[str, Any]:
 
 def _choice(turn: Turn) -> Choice:
     """The turn's Choice. Its message, finish reason and the extras are validated (once per
-    turn); its logprobs are built directly (once per token)."""
+    turn); its logprobs are built directly (once per token). A finish reason outside the
+    OpenAI set that still means a complete sample (vLLM's ``repetition``) becomes the one
+    that means the same to GRPO (``length``), since a Choice accepts only OpenAI's."""
     record, prompt = turn.choice, turn.call.prompt_token_ids
     assert prompt is not None and record.token_ids is not None  # a trainable turn has both
+    finish = record.finish_reason or ""
     return Choice.model_validate(
         {
             "index": record.index,
-            "finish_reason": record.finish_reason,
+            "finish_reason": AS_OPENAI_FINISH_REASON.get(finish, finish),
             "message": record.message,
             "logprobs": _built(
                 ChoiceLogprobs, {"content": _token_logprobs(record), "refusal": None}

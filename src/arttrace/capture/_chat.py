@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 _NOT_PARAMS = frozenset({"messages", "tools", "extra_headers", "extra_query", "timeout", "model"})
 _SENTINELS = (openai.NotGiven, openai.Omit)
+_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"  # openai._constants: with_raw_response
+_REASONING_KEYS = ("reasoning", "reasoning_content")
+"""Where vLLM puts a reasoning parser's text: ``reasoning`` (0.11 on; the only one from 0.15),
+``reasoning_content`` (0.10, and a copy until 0.14). Recorded as ``reasoning``, the form ART's
+own histories normalise to (``art.trajectories._history.normalize_chat_message``)."""
 
 
 def message_dict(message: Any) -> dict[str, Any]:
@@ -51,6 +56,19 @@ def with_training_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_usage_count(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``kwargs`` asking a stream for its final usage chunk (``stream_options.include_usage``),
+    or ``None`` when the caller set ``stream_options`` itself (adding ``include_usage`` there
+    would also turn on vLLM's ``continuous_usage_stats``) or reads the raw response (whose
+    bytes would show the extra chunk)."""
+    if _given(kwargs.get("stream_options")):
+        return None
+    headers = kwargs.get("extra_headers")
+    if isinstance(headers, Mapping) and _RAW_RESPONSE_HEADER in headers:
+        return None
+    return {**kwargs, "stream_options": {"include_usage": True}}
+
+
 class Capture(OpenCall):
     """One Chat Completions call through the OpenAI SDK.
 
@@ -58,16 +76,33 @@ class Capture(OpenCall):
     hold (``message: null``, a token id beyond 64 bits, a null logprob, ...) raises
     :class:`Unreadable`, and the caller's entry points (:mod:`._openai`) turn any failure here
     into :meth:`lost`: the call is kept as context, marked, and the caller sees nothing.
+
+    A policy stream also asks for the server's usage chunk, to check that every sampled token
+    arrived (see ``LLMCall._tokens_missing``), when its caller can hide that chunk
+    (``hide_usage``: the stream proxy drops the chunks :meth:`conceal` names).
     """
 
-    __slots__ = ("_choices", "kwargs")
+    __slots__ = ("_choices", "_provisional_usage", "kwargs", "usage_added")
 
-    def __init__(self, kwargs: dict[str, Any], settings: Settings, server: Any) -> None:
+    def __init__(
+        self,
+        kwargs: dict[str, Any],
+        settings: Settings,
+        server: Any,
+        *,
+        hide_usage: bool = False,
+    ) -> None:
         trajectory = _context.current_trajectory_var.get()
         model = str(kwargs.get("model", ""))
         scope = _context.policy_scope(model) if trajectory is not None else None
+        self.usage_added = False
+        """arttrace asked for the usage chunk: the caller did not, and must not see it."""
         if scope is not None and settings.request_training_data:
             kwargs = with_training_fields(kwargs)
+            if hide_usage and kwargs.get("stream") is True:
+                counted = with_usage_count(kwargs)
+                if counted is not None:
+                    kwargs, self.usage_added = counted, True
         for name in ("messages", "tools"):  # an iterator would be used up by the record
             value = kwargs.get(name)
             if value is not None and _given(value) and not isinstance(value, list | tuple):
@@ -87,6 +122,7 @@ class Capture(OpenCall):
             streamed=bool(kwargs.get("stream")),
         )
         self._choices: dict[int, _StreamedChoice] = {}
+        self._provisional_usage: dict[str, Any] | None = None
         super().__init__(call, trajectory, settings.export_tokens, server)
 
     # -- whole responses -------------------------------------------------------------------
@@ -109,20 +145,45 @@ class Capture(OpenCall):
         extra = chunk.__pydantic_extra__
         if extra and call.prompt_token_ids is None and "prompt_token_ids" in extra:
             call.prompt_token_ids = _ids(extra["prompt_token_ids"], "prompt_token_ids")
+        choices = _list(chunk.choices, "choices")
         if chunk.usage is not None:
-            call.usage = _usage(chunk.usage)
-        for choice in _list(chunk.choices, "choices"):
+            self._add_usage(chunk.usage, final=not choices)
+        for choice in choices:
             acc = self._choices.get(choice.index)
             if acc is None:  # a new choice: its index is checked once
                 index = _index(choice)
                 acc = self._choices[index] = _StreamedChoice(index)
             acc.add(choice)
 
+    def _add_usage(self, usage: Any, *, final: bool) -> None:
+        """The stream's usage: the choice-less chunk that ends it counts all choices (final);
+        usage on a chunk with choices (vLLM's ``continuous_usage_stats``) is a running count
+        of one choice, kept only if no final count comes and the stream ends whole."""
+        if final:
+            self.call.usage = _usage(usage)
+        elif self.call.usage is None:
+            self._provisional_usage = _usage(usage)
+
+    def conceal(self, chunk: Any) -> bool:
+        """Whether the stream proxy must drop ``chunk``: the usage chunk arttrace asked for and
+        the caller did not. The other chunks then carry ``usage: null`` on some servers
+        (OpenAI's); that field is marked unset again, so they dump as they would have."""
+        if not self.usage_added:
+            return False
+        if chunk.choices:
+            fields = chunk.model_fields_set
+            if chunk.usage is None and "usage" in fields:
+                fields.discard("usage")
+            return False
+        return chunk.usage is not None
+
     def end_stream(self) -> None:
         if not self._claim():
             return
         with guarded("reassembling a stream", self._mark_unreadable):
             self.call.choices = self._streamed_choices()
+            if self.call.usage is None:
+                self.call.usage = self._provisional_usage
         self._close()
 
     def _streamed_choices(self) -> list[ChoiceRecord]:
@@ -180,6 +241,7 @@ class _StreamedChoice:
         "finish_reason",
         "index",
         "logprobs",
+        "reasoning",
         "refusal",
         "saw_logprobs",
         "token_ids",
@@ -192,6 +254,7 @@ class _StreamedChoice:
         self.index = index
         self.content: list[str] = []
         self.refusal: list[str] = []
+        self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.logprobs = array("d")
         self.tokens: list[str] = []
@@ -207,6 +270,10 @@ class _StreamedChoice:
             self.content.append(_str(content, "content") or "")
         if refusal:
             self.refusal.append(_str(refusal, "refusal") or "")
+        if delta.__pydantic_extra__:
+            reasoning = _reasoning(delta.__pydantic_extra__)
+            if reasoning:
+                self.reasoning.append(reasoning)
         if delta.tool_calls:
             for tc in _list(delta.tool_calls, "tool_calls"):
                 self._add_tool_call(tc)
@@ -247,6 +314,8 @@ class _StreamedChoice:
 
     def record(self) -> ChoiceRecord:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
         if self.tool_calls:
@@ -289,6 +358,9 @@ def _choice_message(choice: Choice) -> ChoiceRecord:
     if m is None or isinstance(m, str | Mapping):
         raise Unreadable(f"choice message is {type(m).__name__}")
     message: dict[str, Any] = {"role": "assistant", "content": _str(m.content, "content")}
+    reasoning = _reasoning(m.model_extra) if m.model_extra else None
+    if reasoning:
+        message["reasoning"] = reasoning
     refusal = _str(m.refusal, "refusal")
     if refusal:
         message["refusal"] = refusal
@@ -299,6 +371,15 @@ def _choice_message(choice: Choice) -> ChoiceRecord:
         message=message,
         finish_reason=_str(choice.finish_reason, "finish_reason"),
     )
+
+
+def _reasoning(extra: Mapping[str, Any]) -> str | None:
+    """The reasoning text vLLM sent in a message or delta (see :data:`_REASONING_KEYS`)."""
+    for key in _REASONING_KEYS:
+        text = _str(extra.get(key), key)
+        if text is not None:
+            return text
+    return None
 
 
 def _tool_call(tool_call: Any) -> dict[str, Any]:

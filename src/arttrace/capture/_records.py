@@ -16,6 +16,16 @@ UNREADABLE = "arttrace could not read the response"
 """The untrainable reason of a call arttrace failed to record whole (its own failure)."""
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 """The finish reasons an OpenAI ``Choice`` (hence a trainable ART turn) can carry."""
+AS_OPENAI_FINISH_REASON = {"repetition": "length"}
+"""Finish reasons of complete samples outside the OpenAI set, and the one their ART ``Choice``
+carries: vLLM's ``repetition`` (its ``repetition_detection`` stopped a degenerate sample, as a
+length limit would: every sampled token is there, and GRPO should penalise it, not drop it)."""
+COMPLETE = FINISH_REASONS | AS_OPENAI_FINISH_REASON.keys()
+TOKENS_MISSING = "the stream lost tokens"
+"""The untrainable reason of a stream whose token ids fall short of the server's own count."""
+NO_LOGPROBS_INCLUDE_REASONING = "no logprobs (include_reasoning=false)"
+"""vLLM with a tool or reasoning parser drops logprobs and token ids when asked not to return
+the reasoning."""
 
 
 def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
@@ -114,14 +124,32 @@ class LLMCall:
         if self.partial or self.error:
             return "the response was incomplete"
         if choice.logprobs is None:
-            return "no logprobs"
+            return NO_LOGPROBS_INCLUDE_REASONING if self._reasoning_off() else "no logprobs"
         if choice.token_ids is None or self.prompt_token_ids is None:
             return "no token ids"
         if len(choice.token_ids) != len(choice.logprobs):
             return "token ids and logprobs differ in length"
-        if choice.finish_reason not in FINISH_REASONS:
+        if choice.finish_reason not in COMPLETE:
             return "no finish reason" if choice.finish_reason is None else "generation aborted"
+        if self.streamed and self._tokens_missing():
+            return TOKENS_MISSING
         return None
+
+    def _tokens_missing(self) -> bool:
+        """The server counted more sampled tokens (``usage.completion_tokens``, over all
+        choices) than the stream carried ids for: vLLM 0.10.2-0.12.x drop the chunks a tool or
+        reasoning parser holds back, ids and logprobs together, so the lengths still agree."""
+        counted = (self.usage or {}).get("completion_tokens")
+        if type(counted) is not int or any(c.token_ids is None for c in self.choices):
+            return False
+        return counted != sum(len(c.token_ids or ()) for c in self.choices)
+
+    def _reasoning_off(self) -> bool:
+        """The request asked vLLM not to return the reasoning (``include_reasoning: false``, in
+        the body or the SDK's ``extra_body``)."""
+        extra = self.params.get("extra_body")
+        value = extra.get("include_reasoning") if isinstance(extra, Mapping) else None
+        return (self.params.get("include_reasoning") if value is None else value) is False
 
     def to_dict(self) -> dict[str, Any]:
         return {

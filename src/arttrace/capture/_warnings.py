@@ -8,7 +8,7 @@ import sys
 import threading
 import warnings
 
-from ._records import UNREADABLE
+from ._records import NO_LOGPROBS_INCLUDE_REASONING, TOKENS_MISSING, UNREADABLE
 
 _log = logging.getLogger("arttrace")
 _ARTTRACE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,8 +18,19 @@ _LAYERS = ("openai", "wrapt")
 _FIXES = {
     "no logprobs": (
         "Ask for them with logprobs=True (arttrace adds it to @trainable calls unless "
-        "request_training_data=False) and serve the model with vLLM "
-        "(--return-tokens-as-token-ids)."
+        "request_training_data=False) and serve the model with vLLM >= 0.10.2 (or ART's own "
+        "server), which returns them with the token ids."
+    ),
+    NO_LOGPROBS_INCLUDE_REASONING: (
+        "The request set include_reasoning=false: vLLM with a tool or reasoning parser then "
+        "drops the logprobs and token ids too. Leave include_reasoning unset on @trainable "
+        "calls (hide the reasoning from users after the call instead)."
+    ),
+    TOKENS_MISSING: (
+        "The server's usage counts more completion tokens than the stream carried token ids "
+        "for: vLLM 0.10.2 to 0.12.x drop the chunks a tool or reasoning parser holds back "
+        "(vllm-project/vllm#27482), ids and logprobs together, so the turn is not what was "
+        "sampled. Upgrade to vLLM >= 0.13, or call without stream=True."
     ),
     "no token ids": (
         "ART needs the exact token ids: serve the model with vLLM and pass "
@@ -38,8 +49,10 @@ _FIXES = {
     "the response was incomplete": "The stream was cut or abandoned; the partial call is marked.",
     "no finish reason": "The server sent no finish_reason; the turn cannot become an ART Choice.",
     "generation aborted": (
-        "The server ended the turn with a finish_reason outside the OpenAI set (vLLM's "
-        "'abort'); the turn is not trained on."
+        "The server ended the turn before it was complete (vLLM's finish_reason 'abort': a "
+        "paused or cancelled engine, or another reason outside the OpenAI set); a partial "
+        "sample is not trained on. Let the generation finish (do not pause the engine with "
+        "mode=abort while rollouts run)."
     ),
 }
 

@@ -2,9 +2,13 @@
 
 It returns logprobs with ``token_id:<int>`` tokens (vLLM's ``--return-tokens-as-token-ids``),
 ``prompt_token_ids`` and per-choice ``token_ids`` when asked with ``return_token_ids``, streams
-one token per chunk (tool-call deltas as vLLM's hermes parser shapes them), honours ``n``,
-``logprobs``, ``top_logprobs`` and ``stream_options.include_usage``, and can misbehave on
-purpose (no logprobs, no token ids, a stream cut short).
+one token per chunk (tool-call deltas as vLLM's hermes parser shapes them: the text before
+``<tool_call>`` is the content, its newline kept; held-back tokens arrive as ``delta: {}``
+with their ids; ``n > 1`` streams interleave), sends ``stop_reason``, a reasoning parser's
+``reasoning``, and logprob ``bytes`` as vLLM does, honours ``n``, ``logprobs``,
+``top_logprobs``, ``include_reasoning`` and ``stream_options`` (``include_usage``,
+``continuous_usage_stats``), and can misbehave on purpose (no logprobs, no token ids, a stream
+cut short, vLLM 0.10.2-0.12.x's lost chunks).
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ class Reply:
     tool_calls: Sequence[ToolCall] = ()
     finish_reason: str | None = None
     """Default: ``"tool_calls"`` when there are tool calls, else ``"stop"``."""
+    reasoning: str | None = None
+    """What a reasoning parser would split off: sampled first, as ``<think>...</think>``."""
+    stop_reason: int | str | None = None
+    """vLLM's ``stop_reason``: the stop token id or string that ended the turn (``None``: the
+    end-of-sequence token, or a length limit)."""
 
 
 Responder = Callable[[dict[str, Any]], "Reply | str | Sequence[Reply | str]"]
@@ -57,7 +66,11 @@ class ScriptedLLM:
     a function of the request body; default :func:`echo`. ``logprobs`` / ``token_ids``: set to
     ``False`` to play a server that never returns them. ``tokens_as_ids``: logprob tokens as
     ``token_id:<int>`` (default) or as text. ``cut_stream_after``: streams stop, as a dropped
-    connection, after that many chunks.
+    connection, after that many chunks. ``drop_held_back``: play vLLM 0.10.2-0.12.x, whose
+    streams lose the chunks a tool or reasoning parser held back (their ids and logprobs
+    vanish together; the usage still counts them). ``reasoning_keys``: the message and delta
+    fields the reasoning goes in: ``("reasoning",)`` as vLLM >= 0.15,
+    ``("reasoning", "reasoning_content")`` as 0.11-0.14, ``("reasoning_content",)`` as 0.10.
     """
 
     def __init__(
@@ -70,6 +83,8 @@ class ScriptedLLM:
         tokens_as_ids: bool = True,
         cut_stream_after: int | None = None,
         seed: int = 0,
+        drop_held_back: bool = False,
+        reasoning_keys: Sequence[str] = ("reasoning",),
     ) -> None:
         if replies is None:
             self._responder: Responder = echo
@@ -82,6 +97,8 @@ class ScriptedLLM:
         self.logprobs, self.token_ids, self.tokens_as_ids = logprobs, token_ids, tokens_as_ids
         self.cut_stream_after = cut_stream_after
         self.seed = seed
+        self.drop_held_back = drop_held_back
+        self.reasoning_keys = tuple(reasoning_keys)
         self.requests: list[dict[str, Any]] = []
         """Every request body received, in order."""
         self._lock = threading.Lock()
@@ -141,17 +158,18 @@ class ScriptedLLM:
 
     def _response(self, body: dict[str, Any], replies: list[Reply], number: int) -> dict[str, Any]:
         messages, tools = body["messages"], body.get("tools")
-        want_ids = bool(body.get("return_token_ids")) and self.token_ids
-        want_logprobs = bool(body.get("logprobs")) and self.logprobs
+        # vLLM with a parser (this server always parses tool calls, as hermes does) drops the
+        # logprobs and token ids when the request hides the reasoning.
+        hidden = body.get("include_reasoning") is False
+        want_ids = bool(body.get("return_token_ids")) and self.token_ids and not hidden
+        want_logprobs = bool(body.get("logprobs")) and self.logprobs and not hidden
         top = int(body.get("top_logprobs") or 0)
         prompt = self.tokenizer.prompt(messages, tools)
         choices, plans = [], []
         for index, reply in enumerate(replies):
-            message = _message(reply, number, index)
-            completion = self.tokenizer.completion(messages, tools, message)
+            message, sample = self._sample(messages, tools, reply, number, index, hidden)
             logprobs = [
-                self._logprob(number, index, pos, tid)
-                for pos, tid in enumerate(completion.token_ids)
+                self._logprob(number, index, pos, tid) for pos, tid in enumerate(sample.token_ids)
             ]
             choice: dict[str, Any] = {
                 "index": index,
@@ -159,20 +177,20 @@ class ScriptedLLM:
                 "logprobs": {
                     "content": [
                         self._entry(t, lp, top)
-                        for t, lp in zip(completion.token_ids, logprobs, strict=True)
+                        for t, lp in zip(sample.token_ids, logprobs, strict=True)
                     ]
                 }
                 if want_logprobs
                 else None,
                 "finish_reason": reply.finish_reason
                 or ("tool_calls" if reply.tool_calls else "stop"),
-                "stop_reason": None,
+                "stop_reason": reply.stop_reason,
             }
             if want_ids:
-                choice["token_ids"] = completion.token_ids
+                choice["token_ids"] = sample.token_ids
             choices.append(choice)
-            plans.append((completion, logprobs))
-        completion_tokens = sum(len(c.token_ids) for c, _ in plans)
+            plans.append((sample, logprobs))
+        completion_tokens = sum(len(sample.token_ids) for sample, _ in plans)
         payload = {
             "id": f"chatcmpl-{number}",
             "object": "chat.completion",
@@ -194,30 +212,83 @@ class ScriptedLLM:
             "want_logprobs": want_logprobs,
         }
 
+    def _sample(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        reply: Reply,
+        number: int,
+        index: int,
+        hidden: bool,
+    ) -> tuple[dict[str, Any], _Sample]:
+        """The message vLLM returns for ``reply`` and the tokens it sampled, each with its
+        stream delta: the reasoning (``<think>...</think>``) first, then the content, then
+        the tool calls (hermes' content is the text before ``<tool_call>``, its newline kept),
+        then the end token."""
+        scripted = _message(reply, number, index)
+        completion = self.tokenizer.completion(messages, tools, scripted)
+        ids = list(completion.token_ids)
+        texts = [self.tokenizer.text(t) for t in ids]
+        starts = [k for k, text in enumerate(texts) if "<tool_call>" in text]
+        message = dict(scripted)
+        if reply.tool_calls and len(starts) == len(reply.tool_calls):
+            before = "".join(texts[: starts[0]])
+            content_tokens = starts[0]
+            if before.rstrip() == (reply.content or "").rstrip():
+                message["content"] = before or None
+            bounds = [*starts, len(ids) - 1]
+            calls = [bounds[i + 1] - bounds[i] for i in range(len(starts))]
+        else:
+            content_tokens, calls = completion.content_tokens, list(completion.tool_call_tokens)
+        deltas = _content_deltas(message.get("content") or "", texts[:content_tokens])
+        for k, (tool_call, count) in enumerate(
+            zip(message.get("tool_calls") or (), calls, strict=True)
+        ):
+            deltas += _tool_call_deltas(k, tool_call, count)
+        deltas += [{} for _ in range(len(ids) - len(deltas))]
+        if reply.reasoning:
+            opening, body, closing = (
+                _encode(self.tokenizer, text) for text in ("<think>", reply.reasoning, "</think>")
+            )
+            pieces = [self.tokenizer.text(t) for t in body]
+            if "".join(pieces) != reply.reasoning:
+                pieces = _spread(reply.reasoning, len(body))
+            thinking: list[dict[str, Any]] = [{} for _ in opening]
+            thinking += [{"reasoning": p} for p in pieces] + [{} for _ in closing]
+            ids, deltas = [*opening, *body, *closing, *ids], [*thinking, *deltas]
+        for key in self.reasoning_keys:
+            message[key] = None if hidden else reply.reasoning
+        return message, _Sample(ids, deltas)
+
     def _logprob(self, number: int, index: int, position: int, token_id: int) -> float:
         h = zlib.crc32(f"{self.seed}:{number}:{index}:{position}:{token_id}".encode())
         return -round(((h % 10_000) / 10_000) ** 2 * 3 + 1e-4, 6)
 
     def _entry(self, token_id: int, logprob: float, top: int) -> dict[str, Any]:
+        """A logprob entry as vLLM writes it: the sampled token's ``bytes`` are its text's,
+        each alternative's are those of its token string (``token_id:<id>`` included)."""
         text = self.tokenizer.text(token_id)
         token = f"token_id:{token_id}" if self.tokens_as_ids else text
-        alternatives = [{"token": token, "logprob": logprob, "bytes": list(text.encode())}]
-        alternatives += [
-            {
-                "token": f"token_id:{token_id + k}" if self.tokens_as_ids else f"{text}~{k}",
-                "logprob": logprob - k,
-                "bytes": None,
-            }
+        alternatives = [(token, logprob)] + [
+            (f"token_id:{token_id + k}" if self.tokens_as_ids else f"{text}~{k}", logprob - k)
             for k in range(1, top)
         ]
         return {
             "token": token,
             "logprob": logprob,
             "bytes": list(text.encode()),
-            "top_logprobs": alternatives[:top],
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode())}
+                for t, lp in alternatives[:top]
+            ],
         }
 
     def _stream(self, body: dict[str, Any], response: dict[str, Any]) -> Iterator[bytes]:
+        """vLLM's chunks: a role chunk per choice (each with ``prompt_token_ids``), then the
+        choices' tokens interleaved, one per chunk; a token a parser holds back is a chunk with
+        ``delta: {}`` and its id (dropped whole with ``drop_held_back``, as vLLM 0.10.2-0.12.x
+        did); the usage chunk last when asked for (and usage on every chunk with
+        ``continuous_usage_stats``, counted per choice)."""
         payload = response["json"]
         head = {
             "id": payload["id"],
@@ -225,44 +296,73 @@ class ScriptedLLM:
             "created": payload["created"],
             "model": payload["model"],
         }
+        options = body.get("stream_options") or {}
+        usage = payload["usage"]
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
+
+        def chunk(part: dict[str, Any], sent: int) -> dict[str, Any]:
+            out = {**head, "choices": [part]}
+            if continuous:
+                out["usage"] = {
+                    "prompt_tokens": usage["prompt_tokens"],
+                    "completion_tokens": sent,
+                    "total_tokens": usage["prompt_tokens"] + sent,
+                }
+            return out
+
         chunks: list[dict[str, Any]] = []
-        for choice, (completion, logprobs) in zip(
-            payload["choices"], response["plans"], strict=True
-        ):
-            first = {
-                **head,
-                "choices": [
-                    {
-                        "index": choice["index"],
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
+        for choice in payload["choices"]:
+            first = chunk(
+                {
+                    "index": choice["index"],
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                },
+                0,
+            )
             if response["want_ids"]:
                 first["prompt_token_ids"] = payload["prompt_token_ids"]
             chunks.append(first)
-            deltas = _deltas(choice["message"], completion, self.tokenizer)
-            last = len(completion.token_ids) - 1
-            for pos, (token_id, delta) in enumerate(zip(completion.token_ids, deltas, strict=True)):
+        plans = list(zip(payload["choices"], response["plans"], strict=True))
+        for pos in range(max((len(p[1][0].token_ids) for p in plans), default=0)):
+            for choice, (sample, logprobs) in plans:
+                if pos >= len(sample.token_ids):
+                    continue
+                token_id, delta = sample.token_ids[pos], sample.deltas[pos]
+                finishing = pos == len(sample.token_ids) - 1
                 part: dict[str, Any] = {
                     "index": choice["index"],
                     "delta": delta,
                     "logprobs": {"content": [self._entry(token_id, logprobs[pos], response["top"])]}
                     if response["want_logprobs"]
                     else None,
-                    "finish_reason": choice["finish_reason"] if pos == last else None,
+                    "finish_reason": choice["finish_reason"] if finishing else None,
                 }
+                if finishing:
+                    part["stop_reason"] = choice["stop_reason"]
                 if response["want_ids"]:
                     part["token_ids"] = [token_id]
-                chunks.append({**head, "choices": [part]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append({**head, "choices": [], "usage": payload["usage"]})
+                if not delta and not finishing:
+                    if self.drop_held_back:
+                        continue
+                    if not response["want_ids"] and not response["want_logprobs"]:
+                        continue  # nothing to send for it (vLLM skips such chunks)
+                chunks.append(chunk(part, pos + 1))
+        if options.get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": usage})
         lines = [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
         if self.cut_stream_after is not None:
             return _cut(lines[: self.cut_stream_after])
         return iter(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    """The token ids sampled for one choice, and the stream delta each one arrives in."""
+
+    token_ids: list[int]
+    deltas: list[dict[str, Any]]
 
 
 class ScriptExhausted(Exception):
@@ -297,37 +397,54 @@ def _message(reply: Reply, number: int, index: int) -> dict[str, Any]:
     return message
 
 
-def _deltas(
-    message: dict[str, Any], completion: Any, tokenizer: ChatTokenizer
-) -> list[dict[str, Any]]:
-    """One delta per sampled token: content pieces, then tool calls (name first, then the
-    arguments spread over the call's tokens), then an empty delta for the end token."""
-    ids = completion.token_ids
-    content = message.get("content") or ""
-    pieces = [tokenizer.text(t) for t in ids[: completion.content_tokens]]
-    if "".join(pieces) != content:  # tokenizer text is not exact: spread the string instead
-        pieces = _spread(content, completion.content_tokens)
-    deltas: list[dict[str, Any]] = [{"content": p} for p in pieces]
-    for k, (tool_call, count) in enumerate(
-        zip(message.get("tool_calls") or (), completion.tool_call_tokens, strict=True)
-    ):
-        arguments = _spread(tool_call["function"]["arguments"], max(count - 1, 1))
-        head = {
-            "index": k,
-            "id": tool_call["id"],
-            "type": "function",
-            "function": {
-                "name": tool_call["function"]["name"],
-                "arguments": "" if count > 1 else arguments[0],
-            },
-        }
-        deltas.append({"content": None, "tool_calls": [head]})
-        deltas += [
-            {"content": None, "tool_calls": [{"index": k, "function": {"arguments": a}}]}
-            for a in arguments[: count - 1]
-        ]
-    deltas += [{} for _ in range(len(ids) - len(deltas))]
-    return deltas
+def _content_deltas(content: str, pieces: list[str]) -> list[dict[str, Any]]:
+    """One content delta per content token (the string spread over them when the tokens'
+    texts do not add up to it exactly)."""
+    if pieces and "".join(pieces) != content:
+        pieces = _spread(content, len(pieces))
+    return [{"content": p} for p in pieces]
+
+
+def _tool_call_deltas(k: int, tool_call: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The deltas of one tool call's ``count`` tokens, as hermes streams them: ``<tool_call>``
+    held back (``{}``), the name (no ``arguments`` key), the arguments spread over the tokens
+    between, ``</tool_call>`` held back. With fewer than four tokens, the name and the
+    arguments share the first delta (hermes may send both in one)."""
+    function = tool_call["function"]
+    named = {
+        "index": k,
+        "id": tool_call["id"],
+        "type": "function",
+        "function": {"name": function["name"]},
+    }
+
+    def arguments(text: str) -> dict[str, Any]:
+        return {"index": k, "function": {"arguments": text}}
+
+    if count < 4:
+        both = {"content": None, "tool_calls": [named, arguments(function["arguments"])]}
+        return [both] + [{} for _ in range(count - 1)]
+    middle = count - 3
+    return [
+        {},
+        {"content": None, "tool_calls": [named]},
+        *(
+            {"content": None, "tool_calls": [arguments(a)]} if a else {}
+            for a in _spread(function["arguments"], middle)
+        ),
+        {},
+    ]
+
+
+def _encode(tokenizer: ChatTokenizer, text: str) -> list[int]:
+    """``text``'s token ids (the built-in tokenizer's ``encode``, a Hugging Face one's)."""
+    encode = getattr(tokenizer, "encode", None)
+    if encode is not None:
+        return list(encode(text))
+    hf = getattr(tokenizer, "tokenizer", None)
+    if hf is not None:
+        return [int(i) for i in hf.encode(text, add_special_tokens=False)]
+    raise TypeError(f"a Reply with reasoning needs a tokenizer with encode(), not {tokenizer!r}")
 
 
 def _spread(text: str, parts: int) -> list[str]:
