@@ -145,6 +145,9 @@ class _SyncTap(httpx.SyncByteStream):
             for piece in self.stream:
                 exchange.read(piece)
                 yield piece
+        except GeneratorExit:  # the caller stopped reading
+            exchange.closed()
+            raise
         except Exception as error:
             exchange.failed(error, partial=True)
             raise
@@ -169,6 +172,9 @@ class _AsyncTap(httpx.AsyncByteStream):
             async for piece in self.stream:
                 exchange.read(piece)
                 yield piece
+        except GeneratorExit:  # the caller stopped reading
+            exchange.closed()
+            raise
         except Exception as error:
             exchange.failed(error, partial=True)
             raise

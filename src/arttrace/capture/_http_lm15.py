@@ -126,6 +126,9 @@ def _pieces(chunks: Iterator[bytes], exchange: Exchange) -> Iterator[bytes]:
         for piece in chunks:
             exchange.read(piece)
             yield piece
+    except GeneratorExit:  # the caller stopped reading
+        exchange.closed()
+        raise
     except Exception as error:
         exchange.failed(error, partial=True)
         raise
@@ -137,6 +140,9 @@ async def _apieces(chunks: AsyncIterator[bytes], exchange: Exchange) -> AsyncIte
         async for piece in chunks:
             exchange.read(piece)
             yield piece
+    except GeneratorExit:  # the caller stopped reading
+        exchange.closed()
+        raise
     except Exception as error:
         exchange.failed(error, partial=True)
         raise

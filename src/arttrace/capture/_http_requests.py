@@ -95,6 +95,9 @@ class _Raw(wrapt.ObjectProxy):  # type: ignore[type-arg]
             for piece in self.__wrapped__.stream(*args, **kwargs):
                 exchange.read(piece)
                 yield piece
+        except GeneratorExit:  # the caller stopped reading
+            exchange.closed()
+            raise
         except Exception as error:
             exchange.failed(error, partial=True)
             raise

@@ -6,9 +6,9 @@ behind a proxy that records each piece the caller reads (``read``, ``read1``, ``
 
 from __future__ import annotations
 
-import http.client
 import urllib.parse
 from collections.abc import Iterator
+from http.client import HTTPConnection, HTTPResponse
 from typing import Any
 
 import wrapt
@@ -23,13 +23,13 @@ _PENDING = "_arttrace_exchange"
 
 def patch() -> None:
     for name, wrapper in (("request", _request), ("getresponse", _getresponse)):
-        if not ours(http.client.HTTPConnection.__dict__[name]):
-            wrapt.wrap_function_wrapper(http.client.HTTPConnection, name, wrapper)
+        if not ours(HTTPConnection.__dict__[name]):
+            wrapt.wrap_function_wrapper(HTTPConnection, name, wrapper)
 
 
 def unpatch() -> None:
-    unwrap(http.client.HTTPConnection, "request")
-    unwrap(http.client.HTTPConnection, "getresponse")
+    unwrap(HTTPConnection, "request")
+    unwrap(HTTPConnection, "getresponse")
 
 
 @mark
@@ -107,9 +107,9 @@ def _getresponse(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any])
 
 
 class _Response(wrapt.ObjectProxy):  # type: ignore[type-arg]
-    """``http.client.HTTPResponse`` as the caller knows it, each piece read recorded."""
+    """``HTTPResponse`` as the caller knows it, each piece read recorded."""
 
-    def __init__(self, response: http.client.HTTPResponse, exchange: Exchange) -> None:
+    def __init__(self, response: HTTPResponse, exchange: Exchange) -> None:
         super().__init__(response)
         self._self_exchange = exchange
 

@@ -73,13 +73,26 @@ def training_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class _ChatCall:
-    """A Chat Completions call, parsed by the capture core."""
+    """A Chat Completions call, parsed by the capture core.
 
-    __slots__ = ("capture", "done")
+    A stream is whole once every choice has its finish reason and, when the request asked
+    for it (``stream_options.include_usage``), the usage chunk has come: it ends there, without
+    waiting for ``[DONE]``, which a client may never read (LiteLLM's sync stream stops at the
+    finish reason and leaves the response open). A caller that stops reading after that point
+    has the whole answer, so the call is not abandoned.
+    """
+
+    __slots__ = ("_choices", "_finished", "_usage", "capture", "done")
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self.done = False
+        body = capture.kwargs
+        n, options = body.get("n"), body.get("stream_options")
+        self._choices = n if type(n) is int and n > 0 else 1
+        self._usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        """A usage chunk is still to come."""
+        self._finished: set[int] = set()
 
     @property
     def call(self) -> LLMCall:
@@ -112,6 +125,17 @@ class _ChatCall:
                     return
                 raise
             self.capture.add_chunk(chunk)
+            for choice in chunk.choices:
+                if choice.finish_reason:
+                    self._finished.add(choice.index)
+            if chunk.usage is not None:
+                self._usage = False
+            if self._answered() and not self._usage:
+                self.ended()
+
+    def _answered(self) -> bool:
+        """Every choice has its finish reason."""
+        return len(self._finished) >= self._choices
 
     def ended(self) -> None:
         if not self.done:
@@ -124,7 +148,9 @@ class _ChatCall:
             self.capture.fail(error, partial=partial)
 
     def abandoned(self, why: str) -> None:
-        if not self.done:
+        if self._answered():  # the caller has every choice whole (the usage may be missing)
+            self.ended()
+        elif not self.done:
             self.done = True
             self.capture.abandon(why)
 
