@@ -13,7 +13,7 @@ export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 TEST_SET := --all-extras --group test --group docs
 
-.PHONY: setup setup-test demo test lint docs bench lock test-latest clean
+.PHONY: setup setup-test demo test lint docs bench lock test-latest test-vllm clean
 
 # uv itself, pinned, in its own small venv (so syncing .venv never removes it).
 $(UV):
@@ -66,6 +66,11 @@ test-latest: $(UV)
 	@$(UV) pip freeze --python .venv-latest/bin/python --exclude-editable | \
 	  $(PYTHON) .ci/lock_diff.py uv.lock
 	.venv-latest/bin/pytest -q -p no:cacheprovider
+
+# Not part of `make test`: the capture contract (tests_vllm/) against a real vLLM server on the
+# CPU, built by .ci/vllm/run.sh in its own Python 3.11 venv (.venv-vllm, reused once built).
+test-vllm: setup-test
+	.ci/vllm/run.sh
 
 clean:
 	rm -rf $(VENV) .venv-latest $(TOOLS) runs site .pytest_cache .mypy_cache .ruff_cache

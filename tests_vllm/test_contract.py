@@ -1,0 +1,224 @@
+"""arttrace's capture contract against a real vLLM server (opt in: `make test-vllm`).
+
+Every policy turn an instrumented agent makes is recorded once and trainable, its prompt ids,
+sampled ids, logprobs, finish reason, text, tool calls and reasoning equal to what the server
+sent (read from the raw bytes under the client), whole and streamed, n=1 and n=2, tool calls
+parsed by vLLM's hermes parser; and ART's own tokenizer masks exactly the sampled ids.
+
+Tests marked ``reasoning`` need a server started with a reasoning parser; the others the plain
+server ART itself starts (hermes tool parser, no reasoning parser). `.ci/vllm/run.sh` runs
+each set against its server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from contract import (
+    QUESTION,
+    TAG_IDS,
+    TOOLS,
+    ask,
+    check_art_masks_exactly_the_sampled_ids,
+    check_recorded_as_sent,
+    forced,
+    model_name,
+)
+from raw import Tee
+
+import arttrace as at
+
+# Short texts: the random model spells a forced text in small pieces, ~0.3 s a token here.
+CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
+TOOL_TURN = f"Ok.\n<tool_call>\n{json.dumps(CALL)}\n</tool_call>"
+ANSWER = "Sunny."
+THINKING = "<think>\nParis weather.\n</think>\n\n"
+
+
+@at.trainable
+def weather_agent(
+    client: openai.OpenAI,
+    first: str,
+    second: str,
+    *,
+    stream_first: bool,
+    stream_second: bool,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Asks for the weather with a tool call, gets the result, answers."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    turn = ask(client, messages, stream=stream_first, tools=TOOLS, **forced(first, seed=seed))
+    messages.append(turn)
+    assert turn["tool_calls"], f"vLLM's hermes parser found no tool call in {turn}"
+    for call in turn["tool_calls"]:
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == CALL["arguments"]
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": "sunny, 22°C"})
+    messages.append(
+        ask(client, messages, stream=stream_second, tools=TOOLS, **forced(second, seed=seed))
+    )
+    return messages
+
+
+def run_group(
+    client: openai.OpenAI,
+    first: str,
+    second: str = ANSWER,
+    *,
+    stream_first: bool,
+    stream_second: bool,
+) -> list[at.Trajectory]:
+    """Two runs of the agent, rewards 1 and 0 (so ART gives neither advantage 0)."""
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        with at.trajectory("weather", metadata={"run": number}) as t:
+            messages = weather_agent(
+                client,
+                first,
+                second,
+                stream_first=stream_first,
+                stream_second=stream_second,
+                seed=number,
+            )
+            t.reward = reward
+        assert ANSWER in (messages[-1]["content"] or ""), messages[-1]
+        runs.append(t)
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("stream_first", "stream_second"),
+    [(False, False), (True, True), (True, False)],
+    ids=["whole-whole", "stream-stream", "stream-whole"],
+)
+def test_a_tool_calling_agent_is_recorded_exactly(
+    client: openai.OpenAI, tee: Tee, tokenizer: Any, stream_first: bool, stream_second: bool
+) -> None:
+    runs = run_group(client, TOOL_TURN, stream_first=stream_first, stream_second=stream_second)
+    assert [t.trainable_turns for t in runs] == [2, 2]
+    pairs = check_recorded_as_sent(runs, tee)
+    assert len(pairs) == 4
+    for call, raw in pairs:
+        if raw.choices[0].tool_calls:
+            # hermes keeps the newline before <tool_call> in the content; arttrace too
+            assert raw.choices[0].content == "Ok.\n"
+            assert TAG_IDS["<tool_call>"] in raw.choices[0].token_ids
+            assert call.choices[0].finish_reason == "tool_calls"
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_n2_samples_are_each_recorded_and_trained(
+    client: openai.OpenAI, tee: Tee, tokenizer: Any, stream: bool
+) -> None:
+    @at.trainable
+    def sampler(seed: int) -> None:
+        response = client.chat.completions.create(
+            model=model_name(),
+            messages=[{"role": "user", "content": QUESTION}],
+            n=2,
+            max_tokens=8,
+            seed=seed,
+            stream=stream,
+        )
+        if isinstance(response, openai.Stream):
+            for _ in response:
+                pass
+
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        with at.trajectory("sample", metadata={"run": number}) as t:
+            sampler(number)
+            t.reward = reward
+        runs.append(t)
+    pairs = check_recorded_as_sent(runs, tee)
+    for call, raw in pairs:
+        assert len(call.choices) == len(raw.choices) == 2
+        assert {c.finish_reason for c in call.choices} <= {"length", "stop"}
+    for t in runs:
+        assert t.trainable_turns == 2
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_trainable_streams_ask_for_usage_and_agree_with_it(
+    client: openai.OpenAI, tee: Tee, n: int
+) -> None:
+    """#9 item 5: arttrace asks a trainable stream for its usage chunk (not a sampling
+    parameter) and records it; vLLM's count of sampled tokens equals the ids recorded."""
+
+    @at.trainable
+    def streamer() -> None:
+        stream = client.chat.completions.create(
+            model=model_name(),
+            messages=[{"role": "user", "content": QUESTION}],
+            n=n,
+            max_tokens=6,
+            stream=True,
+        )
+        for _ in stream:
+            pass
+
+    with at.trajectory("usage", metadata={"run": 0}) as t:
+        streamer()
+        t.reward = 1.0
+    ((call, raw),) = check_recorded_as_sent([t], tee)
+    body = tee.completions()[0].body
+    assert (body.get("stream_options") or {}).get("include_usage") is True, body
+    assert raw.usage is not None and call.usage is not None
+    assert call.usage["completion_tokens"] == raw.usage["completion_tokens"]
+    assert raw.usage["completion_tokens"] == sum(len(c.token_ids or ()) for c in call.choices)
+
+
+@pytest.mark.reasoning
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_reasoning_is_recorded_and_its_tokens_trained(
+    client: openai.OpenAI, tee: Tee, tokenizer: Any, stream: bool
+) -> None:
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        with at.trajectory("think", metadata={"run": number}) as t:
+            at.trainable(ask)(
+                client,
+                [{"role": "user", "content": QUESTION}],
+                stream=stream,
+                **forced(THINKING + ANSWER, seed=number),
+            )
+            t.reward = reward
+        runs.append(t)
+    pairs = check_recorded_as_sent(runs, tee)
+    for call, raw in pairs:
+        sent = raw.choices[0]
+        assert TAG_IDS["</think>"] in sent.token_ids, "the model spelled </think> in pieces"
+        assert sent.reasoning and "Paris weather." in sent.reasoning, "no reasoning parsed"
+        assert sent.content is not None and ANSWER in sent.content
+        assert call.choices[0].message.get("reasoning") == sent.reasoning
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+@pytest.mark.reasoning
+@pytest.mark.parametrize(
+    ("stream_first", "stream_second"),
+    [(False, False), (True, True)],
+    ids=["whole", "stream"],
+)
+def test_reasoning_then_a_tool_call(
+    client: openai.OpenAI, tee: Tee, tokenizer: Any, stream_first: bool, stream_second: bool
+) -> None:
+    turn = THINKING + f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>"
+    runs = run_group(
+        client,
+        turn,
+        THINKING + ANSWER,
+        stream_first=stream_first,
+        stream_second=stream_second,
+    )
+    pairs = check_recorded_as_sent(runs, tee)
+    for call, raw in pairs:
+        if raw.choices[0].tool_calls:
+            assert raw.choices[0].reasoning
+            assert call.choices[0].message.get("reasoning") == raw.choices[0].reasoning
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
