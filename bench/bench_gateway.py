@@ -1,19 +1,24 @@
 """What the gateway adds to a call: latency, CPU, and memory per captured token.
 
-    python bench/bench_gateway.py                       # ~1-2 minutes on 2 idle cores
+    python bench/bench_gateway.py                       # ~2-3 minutes on 2 idle cores
     python bench/bench_gateway.py --quick               # fewer calls, rougher figures
     python bench/bench_gateway.py --concurrency 1000    # the high-concurrency round's size
 
-The upstream is arttrace's scripted vLLM-like server in a process of its own, on loopback. Each
+Three processes, as in use: the upstream (arttrace's scripted vLLM-like server, on loopback),
+the caller (an agent: an httpx client in a process of its own, started from this file with
+``--caller``), and this one, which holds the ``arttrace.Gateway`` and the trajectories. Each
 call streams a 64-token completion (one token per chunk, logprobs and token ids, as vLLM sends
-them). In the same run, the same client calls the upstream directly and through the gateway
-(an ``arttrace.Gateway`` in this process, each call in its own trajectory), alternating, so
-both arms share the machine's load. Reported:
+them). The caller calls the upstream directly and through the gateway (each gateway call in a
+trajectory of its own), alternating, so both arms share the machine's load. The caller times
+each call; this process waits on a pipe meanwhile, so the gateway's thread is alone here.
+Reported, each block with the load average beside it:
 
 (a) time to first byte and to last byte, p50 and p99, direct and through the gateway, at 1
     stream and at ``--concurrency`` streams at once; the added latency is gateway - direct.
-    Targets at 1 stream: p50 added <= 1 ms, p99 added <= 5 ms.
-(b) the gateway's CPU per call (its thread's CPU time over the calls it served).
+    Targets at 1 stream: p50 added <= 1 ms, p99 added <= 5 ms. Calls that fail are counted
+    per arm, with their errors, and left out of the percentiles.
+(b) the gateway's CPU per call (its thread's CPU time over the calls it served): the robust
+    figure on a shared machine, where latencies move with the neighbours' load.
 (c) memory kept per captured token by the finished trajectories (tracemalloc), target <= 32 B.
 
 It prints figures and PASS/MISS markers and exits 0; it is a benchmark, not a test.
@@ -24,11 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
 import subprocess
 import sys
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +49,11 @@ CONTENT = " ".join(f"w{i}" for i in range(TOKENS // 2))  # 32 words + 31 spaces 
 LONG_CONTENT = " ".join(f"w{i}" for i in range(LONG // 2))
 TARGET_P50_MS, TARGET_P99_MS, TARGET_BYTES = 1.0, 5.0, 32.0
 UPSTREAM = f"""
-import sys
+import socketserver, sys
+# The scripted server writes each chunk of a stream with a write of its own: without
+# TCP_NODELAY, Nagle's algorithm holds the second write until the first is acknowledged, and
+# the reader's delayed ACK makes that ~40 ms, in both arms alike.
+socketserver.StreamRequestHandler.disable_nagle_algorithm = True
 from arttrace.testing import ScriptedLLM, serve
 long = lambda request: request["messages"][-1]["content"] == "long"
 server = serve(ScriptedLLM(lambda request: {LONG_CONTENT!r} if long(request) else {CONTENT!r}))
@@ -56,30 +67,113 @@ BODY = {
     "logprobs": True,
     "return_token_ids": True,
 }
-
 LONG_BODY = {**BODY, "messages": [{"role": "user", "content": "long"}]}
+CLIENTS = 20
+"""The caller's httpx clients: a pool scans all its connections on each request, so 1,000
+streams on one client would time that scan rather than the calls."""
+
+Timing = tuple[float, float]
+"""Seconds to the first body byte and to the last."""
 
 
-async def one_call(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any] = BODY
-) -> tuple[float, float]:
-    """(seconds to the first body byte, seconds to the last) of one streamed call."""
+# -- the caller (its own process) -------------------------------------------------------------
+
+
+async def one_call(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing:
     started = time.perf_counter()
     first = None
     async with client.stream("POST", f"{url}/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"status {response.status_code}: {(await response.aread())[:200]!r}")
         async for _ in response.aiter_raw():
             if first is None:
                 first = time.perf_counter()
     end = time.perf_counter()
-    assert response.status_code == 200 and first is not None
+    assert first is not None
     return first - started, end - started
 
 
-async def through_gateway(client: httpx.AsyncClient, gateway: Gateway) -> tuple[float, float]:
-    async with at.trajectory("bench") as t:
-        timing = await one_call(client, gateway.url(t))
-    assert t.trainable_turns == 1, t.calls
-    return timing
+async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Timing | str:
+    try:
+        return await one_call(client, url, body)
+    except Exception as error:  # counted and shown by the report, never hidden
+        return f"{type(error).__name__}: {error}"[:200]
+
+
+async def caller(concurrency: int) -> None:
+    """Each line of stdin: ``{"urls": [...], "long": bool}``; one call to each URL, all at
+    once; answers one line: a ``[first, last]`` or an error string per URL."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency)
+    clients = [httpx.AsyncClient(limits=limits, timeout=600) for _ in range(CLIENTS)]
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        order = json.loads(line)
+        body = LONG_BODY if order["long"] else BODY
+        calls = [timed(clients[i % CLIENTS], u, body) for i, u in enumerate(order["urls"])]
+        print(json.dumps(await asyncio.gather(*calls)), flush=True)
+    for client in clients:
+        await client.aclose()
+
+
+# -- this process: the gateway and the trajectories -------------------------------------------
+
+
+class Caller:
+    """The caller process, driven over its stdin and stdout."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, concurrency: int) -> Caller:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--caller",
+            "--concurrency",
+            str(concurrency),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            limit=2**24,
+        )
+        return cls(process)
+
+    async def calls(self, urls: list[str], *, long: bool = False) -> list[Timing | str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"urls": urls, "long": long}).encode() + b"\n")
+        await self.process.stdin.drain()
+        answer = json.loads(await self.process.stdout.readline())
+        return [(a[0], a[1]) if isinstance(a, list) else str(a) for a in answer]
+
+    async def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        await self.process.wait()
+
+
+async def through_gateway(caller: Caller, gateway: Gateway, n: int) -> list[Timing | str]:
+    """``n`` calls at once through the gateway, each in a trajectory of its own."""
+    urls: list[str] = []
+    opened, done = asyncio.Event(), asyncio.Event()
+    results: list[Timing | str] = []
+
+    async def run() -> None:
+        async with at.trajectory("bench") as t:
+            position = len(urls)
+            urls.append(gateway.url(t))
+            if len(urls) == n:
+                opened.set()
+            await done.wait()  # the caller's answer has come: the call has ended
+        if not isinstance(results[position], str) and t.trainable_turns != 1:
+            results[position] = f"recorded {t.trainable_turns} trainable turns, not 1: {t.calls}"
+
+    async def send() -> None:
+        await opened.wait()
+        results.extend(await caller.calls(urls))
+        done.set()
+
+    await asyncio.gather(send(), *(run() for _ in range(n)))
+    return results
 
 
 def pct(values: list[float], q: float) -> float:
@@ -93,12 +187,28 @@ def thread_cpu(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def report(name: str, direct: list[tuple[float, float]], via: list[tuple[float, float]]) -> None:
-    print(f"\n{name}: {len(direct)} calls per arm, ms")
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
+
+
+def report(name: str, direct: list[Timing | str], via: list[Timing | str]) -> None:
+    print(f"\n{name}: {len(direct)} calls per arm, ms; {load()}")
+    ok: dict[str, list[Timing]] = {}
+    for arm, results in (("direct", direct), ("gateway", via)):
+        ok[arm] = [r for r in results if not isinstance(r, str)]
+        failed = Counter(r for r in results if isinstance(r, str))
+        if failed:
+            print(f"  {arm}: {sum(failed.values())} of {len(results)} calls FAILED (left out):")
+            for why, count in failed.most_common(5):
+                print(f"    {count} x {why}")
+    if not ok["direct"] or not ok["gateway"]:
+        print("  no figures: an arm has no successful call")
+        return
     print(f"  {'':22}{'p50':>10}{'p99':>10}")
     added = {}
     for k, label in ((0, "first byte"), (1, "last byte")):
-        d, g = [x[k] * 1e3 for x in direct], [x[k] * 1e3 for x in via]
+        d, g = [x[k] * 1e3 for x in ok["direct"]], [x[k] * 1e3 for x in ok["gateway"]]
         print(f"  {label + ', direct':22}{pct(d, 50):10.1f}{pct(d, 99):10.1f}")
         print(f"  {label + ', gateway':22}{pct(g, 50):10.1f}{pct(g, 99):10.1f}")
         added[label] = (pct(g, 50) - pct(d, 50), pct(g, 99) - pct(d, 99))
@@ -113,43 +223,43 @@ def report(name: str, direct: list[tuple[float, float]], via: list[tuple[float, 
 
 
 async def sequential(
-    client: httpx.AsyncClient, upstream: str, gateway: Gateway, calls: int
-) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    direct, via = [], []
+    caller: Caller, upstream: str, gateway: Gateway, calls: int
+) -> tuple[list[Timing | str], list[Timing | str]]:
+    direct: list[Timing | str] = []
+    via: list[Timing | str] = []
     for i in range(calls):  # alternate, so both arms see the same drift
         if i % 2:
-            via.append(await through_gateway(client, gateway))
-            direct.append(await one_call(client, upstream))
+            via += await through_gateway(caller, gateway, 1)
+            direct += await caller.calls([upstream])
         else:
-            direct.append(await one_call(client, upstream))
-            via.append(await through_gateway(client, gateway))
+            direct += await caller.calls([upstream])
+            via += await through_gateway(caller, gateway, 1)
     return direct, via
 
 
 async def concurrent(
-    clients: list[httpx.AsyncClient], upstream: str, gateway: Gateway, n: int, rounds: int
-) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    direct: list[tuple[float, float]] = []
-    via: list[tuple[float, float]] = []
+    caller: Caller, upstream: str, gateway: Gateway, n: int, rounds: int
+) -> tuple[list[Timing | str], list[Timing | str]]:
+    direct: list[Timing | str] = []
+    via: list[Timing | str] = []
     for r in range(rounds):
         for arm in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
             if arm == "direct":
-                calls = [one_call(clients[i % len(clients)], upstream) for i in range(n)]
-                direct += await asyncio.gather(*calls)
+                direct += await caller.calls([upstream] * n)
             else:
-                calls = [through_gateway(clients[i % len(clients)], gateway) for i in range(n)]
-                via += await asyncio.gather(*calls)
+                via += await through_gateway(caller, gateway, n)
     return direct, via
 
 
-async def memory(client: httpx.AsyncClient, gateway: Gateway, calls: int) -> None:
+async def memory(caller: Caller, gateway: Gateway, calls: int) -> None:
     kept: list[Any] = []
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for i in range(calls):
         async with at.trajectory(f"m-{i}") as t:
-            await one_call(client, gateway.url(t), LONG_BODY)
+            (result,) = await caller.calls([gateway.url(t)], long=True)
+        assert not isinstance(result, str), result
         kept.append(t)
     await asyncio.sleep(0.2)  # the gateway's thread lets go of the last request's objects
     gc.collect()
@@ -173,30 +283,28 @@ async def main(args: argparse.Namespace) -> None:
     )
     assert process.stdout is not None and process.stdin is not None
     upstream = process.stdout.readline().strip()
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=args.concurrency)
-    clients = [httpx.AsyncClient(limits=limits, timeout=600) for _ in range(20)]
+    caller = await Caller.start(args.concurrency)
     try:
         async with Gateway(upstream) as gateway:
             assert gateway._server is not None
             tid = gateway._server._thread.native_id
             assert tid is not None
             print(f"upstream {upstream} (scripted, own process); {TOKENS}-token streams")
-            print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-            await sequential(clients[0], upstream, gateway, 20)  # warm-up
+            print(f"at start: {load()}")
+            await sequential(caller, upstream, gateway, 20)  # warm-up
             cpu0 = thread_cpu(tid)
-            direct, via = await sequential(clients[0], upstream, gateway, args.calls)
-            report("1 stream at a time", direct, via)
+            direct, via = await sequential(caller, upstream, gateway, args.calls)
             cpu1 = thread_cpu(tid)
+            report("1 stream at a time", direct, via)
             print(f"  gateway CPU per call: {(cpu1 - cpu0) / args.calls * 1e3:.2f} ms")
             n = args.concurrency
-            direct, via = await concurrent(clients, upstream, gateway, n, args.rounds)
-            report(f"{n} streams at once", direct, via)
+            direct, via = await concurrent(caller, upstream, gateway, n, args.rounds)
             cpu2 = thread_cpu(tid)
+            report(f"{n} streams at once", direct, via)
             print(f"  gateway CPU per call: {(cpu2 - cpu1) / (n * args.rounds) * 1e3:.2f} ms")
-            await memory(clients[0], gateway, args.memory_calls)
+            await memory(caller, gateway, args.memory_calls)
     finally:
-        for client in clients:
-            await client.aclose()
+        await caller.stop()
         process.stdin.close()
         process.wait(timeout=30)
 
@@ -205,7 +313,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, rougher figures")
     parser.add_argument("--concurrency", type=int, default=1000, help="streams at once")
+    parser.add_argument("--caller", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.caller:
+        asyncio.run(caller(args.concurrency))
+        sys.exit(0)
     args.calls = 100 if args.quick else 400
     args.rounds = 1 if args.quick else 2
     args.memory_calls = 100 if args.quick else 400

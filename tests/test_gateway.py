@@ -179,6 +179,17 @@ def test_exact_tokens_are_asked_for_without_touching_sampling() -> None:
     assert t2.calls[0].trainable and t2.trainable_turns == 0
 
 
+def test_the_callers_headers_reach_the_upstream_as_sent() -> None:
+    upstream = RecordingUpstream()
+    sent = {"user-agent": "my-agent/1.0", "x-trace": "abc", "content-type": "application/json"}
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        client.post(f"{gateway.url(t)}/chat/completions", json=body, headers=sent)
+    (exchange,) = upstream.exchanges
+    assert {k: exchange.headers[k] for k in sent} == sent  # nothing of the gateway's own client
+    assert exchange.headers["accept-encoding"] == "identity"
+
+
 def test_only_the_runs_policy_model_is_trained() -> None:
     upstream = RecordingUpstream()
     with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
@@ -275,7 +286,7 @@ def test_an_unreachable_upstream_is_a_502_and_marks_the_call() -> None:
     assert response.status_code == 502
     assert "could not be reached" in response.json()["error"]["message"]
     (call,) = t.calls
-    assert call.error is not None and "ConnectError" in call.error
+    assert call.error is not None and "ClientConnectorError" in call.error
 
 
 def test_a_stream_the_upstream_cuts_is_cut_for_the_caller_and_marked_partial() -> None:

@@ -26,7 +26,10 @@ class ServerThread:
     def __init__(self, app: ASGIApp, host: str, port: int, *, name: str) -> None:
         self.name = name
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so. Without it,
+        # Nagle's algorithm holds each small write (a chunk of a stream) until the previous one
+        # is acknowledged, ~40 ms with the caller's delayed ACK.
+        self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.socket.bind((host, port))

@@ -107,11 +107,8 @@ class GatewayApp:
                     recorder, sent = run.open_recorder(path, parsed, self.upstream.server)
                     if sent is not parsed:
                         body = _dumps(sent)
-        client = self.upstream.client(run_id)
-        upstream_request = self.upstream.request(
-            client, request.method, path, request.scope["query_string"], headers, body
-        )
-        return Relay(self.upstream, client, upstream_request, recorder)
+        url = self.upstream.url(path, request.scope["query_string"])
+        return Relay(self.upstream, request.method, url, headers, body, recorder)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
