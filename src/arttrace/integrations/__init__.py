@@ -1,9 +1,10 @@
 """Framework integrations, one module per framework, each importable only with its extra.
 
 :func:`arttrace.instrument` hooks every framework that is installed, as soon as the
-application imports it: ``langchain`` (LangChain and LangGraph), ``llama_index`` and
-``google_adk``. Each module also offers its hook for explicit use. Every integration module has
-``install()`` and ``uninstall()`` (idempotent), which this package calls.
+application imports it: ``langchain`` (LangChain and LangGraph), ``llama_index``,
+``google_adk`` and ``openai_agents`` (the OpenAI Agents SDK). Each module also offers its hook
+for explicit use. Every integration module has ``install()`` and ``uninstall()`` (idempotent),
+which this package calls.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FRAMEWORKS = {
     "langchain": "langchain_core",
     "llama_index": "llama_index.core",
     "google_adk": "google.adk",
+    "openai_agents": "agents",
 }
 """Integration module -> the framework module whose import triggers it."""
 

@@ -54,13 +54,15 @@ class ResponsesAPI:
     """``/v1/responses`` over a :class:`~arttrace.testing.ScriptedLLM` (see the module doc).
 
     ``token_generations``: return ART's ``token_generations`` carrier (a patched server)
-    instead of vLLM's raw messages. ``requests``: every Responses body received.
+    instead of vLLM's raw messages. ``requests``: every Responses body received; ``sent``:
+    every whole response returned (a stream's is its ``response.completed``'s).
     """
 
     def __init__(self, llm: ScriptedLLM, *, token_generations: bool = False) -> None:
         self.llm = llm
         self.token_generations = token_generations
         self.requests: list[dict[str, Any]] = []
+        self.sent: list[dict[str, Any]] = []
         self._store: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -135,6 +137,8 @@ class _Turn:
         if gen.finish_reason == "length":
             response["status"] = "incomplete"
             response["incomplete_details"] = {"reason": "max_output_tokens"}
+        with self.api._lock:
+            self.api.sent.append(response)
         return response
 
     def _output(self, gen: _Generation) -> list[dict[str, Any]]:
