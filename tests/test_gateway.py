@@ -237,20 +237,19 @@ def test_models_and_other_routes_pass_through() -> None:
     assert t.calls == []
 
 
-def test_responses_calls_are_forwarded_and_kept_as_context_with_a_warning() -> None:
+def test_responses_calls_are_forwarded_byte_for_byte_and_recorded() -> None:
     body = {"model": "policy", "input": "Say hello", "instructions": "Be brief."}
-    upstream = RecordingUpstream()
+    upstream = RecordingUpstream()  # a minimal Responses API: no tokens, so not trainable
     with (
         gateway_to(upstream) as gateway,
         at.trajectory("q-1") as t,
         httpx.Client() as client,
-        pytest.warns(at.UntrainableTurnWarning, match="Chat Completions"),
+        pytest.warns(at.UntrainableTurnWarning),
     ):
         response = client.post(f"{gateway.url(t)}/responses", json=body)
     assert response.content == upstream.exchanges[0].answered
-    assert upstream.exchanges[0].body == body  # no Chat Completions fields added
+    assert upstream.exchanges[0].body["include"] == ["message.output_text.logprobs"]
     (call,) = t.calls
-    assert not call.trainable
     assert call.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Say hello"},
