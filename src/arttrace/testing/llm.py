@@ -161,7 +161,8 @@ class ScriptedLLM:
         # vLLM with a parser (this server always parses tool calls, as hermes does) drops the
         # logprobs and token ids when the request hides the reasoning.
         hidden = body.get("include_reasoning") is False
-        want_ids = bool(body.get("return_token_ids")) and self.token_ids and not hidden
+        ask_ids = bool(body.get("return_token_ids")) and self.token_ids
+        want_ids = ask_ids and not hidden
         want_logprobs = bool(body.get("logprobs")) and self.logprobs and not hidden
         top = int(body.get("top_logprobs") or 0)
         prompt = self.tokenizer.prompt(messages, tools)
@@ -202,7 +203,7 @@ class ScriptedLLM:
                 "completion_tokens": completion_tokens,
                 "total_tokens": len(prompt) + completion_tokens,
             },
-            "prompt_token_ids": prompt if want_ids else None,
+            "prompt_token_ids": prompt if ask_ids else None,
         }
         return {
             "json": payload,
@@ -321,7 +322,7 @@ class ScriptedLLM:
                 },
                 0,
             )
-            if response["want_ids"]:
+            if payload["prompt_token_ids"] is not None:
                 first["prompt_token_ids"] = payload["prompt_token_ids"]
             chunks.append(first)
         plans = list(zip(payload["choices"], response["plans"], strict=True))
