@@ -3,6 +3,7 @@ what the run records is what an in-process call would have recorded."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 from collections.abc import Iterator
@@ -188,6 +189,22 @@ def test_the_callers_headers_reach_the_upstream_as_sent() -> None:
     (exchange,) = upstream.exchanges
     assert {k: exchange.headers[k] for k in sent} == sent  # nothing of the gateway's own client
     assert exchange.headers["accept-encoding"] == "identity"
+
+
+def test_the_gateways_upstream_calls_are_not_recorded_again_by_the_http_client_layer(
+    instrumented: None,
+) -> None:
+    # instrument() hooks aiohttp, which the gateway calls the upstream with. The calls are made
+    # from a context outside the trajectory, as an agent in another process makes them.
+    upstream = RecordingUpstream()
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        url = f"{gateway.url(t)}/chat/completions"
+        outside = contextvars.Context()
+        outside.run(client.post, url, json=body)
+        outside.run(client.post, url, json={**body, "stream": True})
+    assert [c.streamed for c in t.calls] == [False, True]
+    assert t.trainable_turns == 2
 
 
 def test_only_the_runs_policy_model_is_trained() -> None:
