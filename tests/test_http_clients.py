@@ -26,6 +26,7 @@ import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.capture._unwrap import ours
 from arttrace.testing import LLMServer, ScriptedLLM
+from served import served
 
 Serve = Callable[[ScriptedLLM], LLMServer]
 Call = Callable[[str, dict[str, Any], bool], Awaitable[bytes]]
@@ -93,23 +94,6 @@ CLIENTS: dict[str, Call] = {
     "urllib": urllib_call,
 }
 MODES = {"whole": False, "streamed": True}
-
-
-def served(data: bytes, streamed: bool) -> tuple[list[int], list[int], list[float]]:
-    """The prompt ids, sampled ids and logprobs the server sent in ``data``."""
-    if not streamed:
-        answer = json.loads(data)
-        (choice,) = answer["choices"]
-        logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
-        return answer["prompt_token_ids"], choice["token_ids"], logprobs
-    events = [json.loads(line[6:]) for line in data.splitlines() if line.startswith(b"data: {")]
-    prompt = next(e["prompt_token_ids"] for e in events if e.get("prompt_token_ids"))
-    choices = [c for e in events for c in e["choices"]]
-    ids = [i for c in choices for i in c.get("token_ids") or ()]
-    logprobs = [
-        t["logprob"] for c in choices if c.get("logprobs") for t in c["logprobs"]["content"]
-    ]
-    return prompt, ids, logprobs
 
 
 def normal(data: bytes) -> bytes:
