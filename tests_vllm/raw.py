@@ -8,7 +8,7 @@ server and keeps a copy of every response byte as the caller reads it (streams s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,17 +38,35 @@ class _TeeStream(httpx.SyncByteStream):
         self._stream.close()
 
 
-class Tee(httpx.BaseTransport):
-    """An ``httpx.HTTPTransport`` that keeps the raw response bytes of every request."""
+class _AsyncTeeStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.AsyncByteStream, sink: bytearray) -> None:
+        self._stream, self._sink = stream, sink
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._sink += chunk
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class Tee(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """An httpx transport (sync and async) that keeps the raw response bytes of every request
+    as the caller reads them, and the request body as it went on the wire."""
 
     def __init__(self) -> None:
         self._inner = httpx.HTTPTransport()
+        self._async_inner = httpx.AsyncHTTPTransport()
         self.exchanges: list[Exchange] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.read() or b"null")
-        exchange = Exchange(request.url.path, body)
+    def _open(self, request: httpx.Request, content: bytes) -> Exchange:
+        exchange = Exchange(request.url.path, json.loads(content or b"null"))
         self.exchanges.append(exchange)
+        return exchange
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        exchange = self._open(request, request.read())
         response = self._inner.handle_request(request)
         exchange.status = response.status_code
         assert isinstance(response.stream, httpx.SyncByteStream)
@@ -59,8 +77,23 @@ class Tee(httpx.BaseTransport):
             extensions=response.extensions,
         )
 
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        exchange = self._open(request, await request.aread())
+        response = await self._async_inner.handle_async_request(request)
+        exchange.status = response.status_code
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_AsyncTeeStream(response.stream, exchange.data),
+            extensions=response.extensions,
+        )
+
     def close(self) -> None:
         self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._async_inner.aclose()
 
     def completions(self) -> list[Exchange]:
         return [e for e in self.exchanges if e.path.endswith("/chat/completions")]

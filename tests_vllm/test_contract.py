@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from contract import (
@@ -222,3 +223,102 @@ def test_reasoning_then_a_tool_call(
             assert raw.choices[0].reasoning
             assert call.choices[0].message.get("reasoning") == raw.choices[0].reasoning
     check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_raw_httpx_call_is_recorded_exactly(
+    base_url: str, tee: Tee, tokenizer: Any, stream: bool
+) -> None:
+    """#9 item 1: a client arttrace does not wrap (plain httpx) is read off the wire, and on a
+    policy call arttrace asks for the exact tokens in the JSON body."""
+    http = httpx.Client(transport=tee, timeout=300)
+
+    @at.trainable
+    def agent(seed: int) -> None:
+        body = {
+            "model": model_name(),
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 8,
+            "seed": seed,
+            "stream": stream,
+        }
+        with http.stream("POST", f"{base_url}/chat/completions", json=body) as response:
+            for _ in response.iter_bytes():
+                pass
+
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        with at.trajectory("raw-httpx", metadata={"run": number}) as t:
+            agent(number)
+            t.reward = reward
+        runs.append(t)
+    http.close()
+    check_recorded_as_sent(runs, tee)
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+async def test_an_async_streamed_tool_call_is_recorded_exactly(
+    base_url: str, tee: Tee, tokenizer: Any
+) -> None:
+    http = httpx.AsyncClient(transport=tee, timeout=300)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, http_client=http)
+
+    @at.trainable
+    async def agent(seed: int) -> None:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+        request: dict[str, Any] = {"model": model_name(), "messages": messages, "tools": TOOLS}
+        stream = await client.chat.completions.create(
+            **request, **forced(TOOL_TURN, seed=seed), stream=True
+        )
+        calls: dict[int, dict[str, str]] = {}
+        async for chunk in stream:
+            for part in chunk.choices:
+                for tc in part.delta.tool_calls or ():
+                    slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                    slot["id"] += tc.id or ""
+                    if tc.function is not None:
+                        slot["name"] += tc.function.name or ""
+                        slot["arguments"] += tc.function.arguments or ""
+        (call,) = calls.values()
+        assert json.loads(call["arguments"]) == CALL["arguments"]
+        messages += [
+            {
+                "role": "assistant",
+                "content": "Ok.\n",
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": call["arguments"]},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 22°C"},
+        ]
+        answer = await client.chat.completions.create(**request, **forced(ANSWER, seed=seed))
+        assert answer.choices[0].message.content == ANSWER
+
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        async with at.trajectory("async", metadata={"run": number}) as t:
+            await agent(number)
+            t.reward = reward
+        runs.append(t)
+    await http.aclose()
+    assert [t.trainable_turns for t in runs] == [2, 2]
+    check_recorded_as_sent(runs, tee)
+    check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
+
+
+def test_a_call_outside_trainable_is_context_and_left_alone(
+    client: openai.OpenAI, tee: Tee
+) -> None:
+    with at.trajectory("context") as t:
+        client.chat.completions.create(
+            model=model_name(), messages=[{"role": "user", "content": QUESTION}], max_tokens=4
+        )
+        t.reward = 0.0
+    (call,) = t.calls
+    assert not call.trainable and t.trainable_turns == 0
+    body = tee.completions()[0].body
+    assert "logprobs" not in body and "return_token_ids" not in body, body
