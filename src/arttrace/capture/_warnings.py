@@ -77,7 +77,8 @@ def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
 
 class NothingToTrainWarning(UserWarning):
     """A run's ``@trainable`` code ran but no policy turn was recorded: the run would reach
-    the Trainer with its reward and nothing to train on."""
+    the Trainer with its reward and nothing to train on. The Trainer gives it too, once per
+    step, when groups it would ship hold no trainable token."""
 
 
 _NOTHING_TO_TRAIN = {
@@ -111,6 +112,20 @@ def warn_nothing_to_train(example_id: str, cause: str) -> None:
     )
 
 
+def fix_for(cause: str) -> str:
+    """The advice for ``cause``: an untrainable reason or a nothing-to-train cause."""
+    return _FIXES.get(cause) or _NOTHING_TO_TRAIN.get(cause, "")
+
+
+def warn_every_time(message: str, category: type[Warning]) -> None:
+    """Warn at the caller's line, each time (the Trainer's per-step warnings); logged instead
+    when a warning filter would make it an exception."""
+    try:
+        warnings.warn(message, category, skip_file_prefixes=_internal())
+    except Exception:
+        _log.warning("%s (logged: the warning filter turned the warning into an error)", message)
+
+
 def _warn_once(key: tuple[str, str], message: str, category: type[Warning]) -> None:
     """Warn once per ``key``, at the caller's line. A warning filter that turns the warning
     into an error (``-W error``) must not make it the caller's exception: the text is logged
@@ -119,10 +134,7 @@ def _warn_once(key: tuple[str, str], message: str, category: type[Warning]) -> N
         if key in _seen:
             return
         _seen.add(key)
-    try:
-        warnings.warn(message, category, skip_file_prefixes=_internal())
-    except Exception:
-        _log.warning("%s (logged: the warning filter turned the warning into an error)", message)
+    warn_every_time(message, category)
 
 
 def _internal() -> tuple[str, ...]:

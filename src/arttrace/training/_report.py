@@ -6,12 +6,17 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import art
 from tqdm.auto import tqdm
 
+from ..capture import _context
+from ..capture._trajectory import Trajectory
+from ..capture._warnings import fix_for
 from ._journal import append_line, private_dir, read_lines
 from ._plot import reward_plot
 
@@ -144,3 +149,28 @@ def reward_stats(rewards: list[float]) -> dict[str, float]:
         "reward_max": max(rewards),
         "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
     }
+
+
+def untrainable_cause(runs: Iterable[Trajectory]) -> str:
+    """Why these runs hold no trainable token: the most common cause among their runs and
+    policy turns, how often, and its fix (the text of the capture's own warnings)."""
+    causes: Counter[str] = Counter()
+    for run in runs:
+        calls = run.calls
+        policy = [c for c in calls if c.trainable]
+        if not calls:
+            causes[
+                "arttrace.instrument() was not called"
+                if _context.shim_settings() is None
+                else "no LLM call was seen"
+            ] += 1
+        elif not policy:
+            causes["its LLM calls ran outside every @trainable function"] += 1
+        for call in policy:
+            causes.update(
+                reason for c in call.choices if (reason := call.untrainable_reason(c)) is not None
+            )
+    if not causes:
+        return "no cause recorded (the runs' policy turns were dropped from their conversations)"
+    (cause, count), total = causes.most_common(1)[0], causes.total()
+    return f"most common cause ({count} of {total}): {cause}. {fix_for(cause)}".rstrip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -18,8 +19,9 @@ from art.trajectories import PydanticException
 from .._art import trainable_tokens
 from .._errors import TrainingError
 from ..capture._trajectory import Trajectory
-from ._journal import Slot
-from ._report import Progress, reward_stats
+from ..capture._warnings import NothingToTrainWarning, warn_every_time
+from ._journal import Journal, Slot
+from ._report import Progress, reward_stats, untrainable_cause
 from ._resume import check_journaled
 from ._ship import ship
 
@@ -37,6 +39,9 @@ class StepResult:
     """The groups shipped to the backend (empty when no group had learning signal, and in
     the results of :meth:`Trainer.train`)."""
     train_result: art.TrainResult | None = None
+    trainable_tokens: dict[str, int] = field(default_factory=dict)
+    """Sampled tokens ART trains on in each group with learning signal, by example id (0: the
+    group did not ship; see :class:`~arttrace.NothingToTrainWarning`)."""
 
 
 async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
@@ -79,9 +84,17 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
             f"{config.max_exceptions!r}); {most_common_cause(finished.values())}. Every "
             f"exception and its traceback is in {journal.rollouts_path(step)}"
         )
-    with_signal = [g for g in groups if _spread(g) > 0 and _spread(g) >= config.min_reward_spread]
-    dropped = len(groups) - len(with_signal)
-    shipped, excluded = schedule.select(with_signal)
+    signal = [
+        pos
+        for pos, g in enumerate(groups)
+        if _spread(g) > 0 and _spread(g) >= config.min_reward_spread
+    ]
+    dropped = len(groups) - len(signal)
+    tokens = {pos: sum(trainable_tokens(t) for t in groups[pos].trajectories) for pos in signal}
+    empty = [pos for pos in signal if tokens[pos] == 0]
+    if empty:
+        _nothing_to_train(step, empty, len(signal), finished, journal, config.group_size)
+    shipped, excluded = schedule.select([groups[pos] for pos in signal if tokens[pos]])
 
     train_started = time.perf_counter()
     train_result = None
@@ -101,6 +114,8 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
         "trajectories_scored": len(rewards),
         "exceptions": failed,
         "trainable_tokens": sum(trainable_tokens(t) for g in shipped for t in g.trajectories),
+        "trainable_tokens_group_min": min((tokens[pos] for pos in signal), default=math.nan),
+        "groups_without_trainable_tokens": len(empty),
         "rollout_seconds": rollout_seconds,
         "train_seconds": train_seconds,
     }
@@ -108,7 +123,10 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
     if train_result is not None:
         metrics.update({f"train/{k}": float(v) for k, v in train_result.metrics.items()})
-    journal.mark_shipped(step, {"groups": len(shipped), "metrics": metrics})
+    per_group = {str(groups[pos].metadata["example_id"]): tokens[pos] for pos in signal}
+    journal.mark_shipped(
+        step, {"groups": len(shipped), "metrics": metrics, "trainable_tokens": per_group}
+    )
     trainer.completed_steps = step + 1
     journal.save_state(
         {
@@ -116,7 +134,40 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
             **({"curriculum": schedule.curriculum.state()} if schedule.curriculum else {}),
         }
     )
-    return StepResult(step, epoch, metrics, shipped, train_result)
+    return StepResult(step, epoch, metrics, shipped, train_result, per_group)
+
+
+def _nothing_to_train(
+    step: int,
+    empty: list[int],
+    with_signal: int,
+    runs: dict[Slot, Trajectory],
+    journal: Journal,
+    group_size: int,
+) -> None:
+    """Never silent: groups with learning signal but no trainable token are not shipped, with
+    one warning for the step naming the cause and its fix. When no group is left, the step
+    fails: every step would do the same until the capture is fixed, and each costs its
+    rollouts. Its rollouts are set aside (kept for reading), so that ``resume=True`` runs the
+    step again once the cause is fixed instead of reading back runs with nothing to train."""
+    cause = untrainable_cause(runs[(pos, k)] for pos in empty for k in range(group_size))
+    what = f"{len(empty)} of the {with_signal} groups with learning signal"
+    if len(empty) < with_signal:
+        warn_every_time(
+            f"arttrace: step {step}: {what} hold no trainable token (no policy turn ART can "
+            f"train on) and are not shipped; {cause}",
+            NothingToTrainWarning,
+        )
+        return
+    path = journal.rollouts_path(step)
+    kept = path.with_name("rollouts-nothing-to-train.jsonl")
+    if path.exists():
+        path.replace(kept)
+    raise TrainingError(
+        f"step {step}: {what} hold no trainable token, so the step would train on nothing; "
+        f"{cause} The step's runs are kept in {kept}; fix the cause, then run again with "
+        "resume=True to run the step again"
+    )
 
 
 async def run_rollouts[ExampleT](
