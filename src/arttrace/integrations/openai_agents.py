@@ -26,8 +26,11 @@ openai 3, ART pins openai<3).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import wrapt
 
 try:
     import agents
@@ -40,6 +43,7 @@ try:
         Trace,
         TracingProcessor,
     )
+    from agents.tracing.provider import DefaultTraceProvider
 except ImportError as error:  # pragma: no cover - only without the framework
     raise ImportError(
         "arttrace.integrations.openai_agents needs the OpenAI Agents SDK: "
@@ -48,6 +52,8 @@ except ImportError as error:  # pragma: no cover - only without the framework
 
 from ..capture import _context, _openai
 from ..capture._calls import OpenCall
+from ..capture._guard import guarded
+from ..capture._unwrap import mark, ours, unwrap
 from ..capture._warnings import UntrainableTurnWarning, _warn_once
 from ._core import guard
 
@@ -83,6 +89,7 @@ class ArttraceTracingProcessor(TracingProcessor):
 
     def __init__(self) -> None:
         self.enabled = True
+        self.added = False
         self._lock = threading.Lock()
         self._spans: dict[str, _Open] = {}
         self._handoffs: dict[tuple[str, str], str] = {}
@@ -192,20 +199,49 @@ _install_lock = threading.Lock()
 
 
 def install() -> None:
-    """Add the processor to the Agents SDK's tracing (once) and let it name the shim's records.
-    Idempotent; :func:`arttrace.instrument` calls it."""
+    """Add the processor to the Agents SDK's tracing and let it name the shim's records; an
+    application that later replaces the SDK's processors (``set_trace_processors``, to export
+    elsewhere) keeps it. Idempotent; :func:`arttrace.instrument` calls it."""
     global _processor
     with _install_lock:
         if _processor is None:
             _processor = ArttraceTracingProcessor()
-            agents.add_trace_processor(_processor)  # the SDK has no way to remove one
         _processor.enabled = True
+        if not _registered(_processor):
+            agents.add_trace_processor(_processor)
+            _processor.added = True
+        if not ours(DefaultTraceProvider.__dict__.get("set_processors")):
+            wrapt.wrap_function_wrapper(DefaultTraceProvider, "set_processors", _keep_ours)
         _openai.add_namer(_processor.name)
 
 
 def uninstall() -> None:
-    """Undo :func:`install` (idempotent): the processor stays registered but does nothing."""
+    """Undo :func:`install` (idempotent): the processor stays registered (the SDK cannot remove
+    one) but does nothing, and ``set_trace_processors`` is the SDK's own again."""
     with _install_lock:
+        unwrap(DefaultTraceProvider, "set_processors")
         if _processor is not None:
             _processor.enabled = False
             _openai.remove_namer(_processor.name)
+
+
+@mark
+def _keep_ours(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    with guarded("keeping arttrace's processor among the Agents SDK's"):
+        processor, given = _processor, args[0] if args else None
+        if processor is not None and processor.enabled and isinstance(given, list):
+            args = (given if processor in given else [*given, processor], *args[1:])
+    return wrapped(*args, **kwargs)
+
+
+def _registered(processor: ArttraceTracingProcessor) -> bool:
+    """Whether the SDK's provider already calls ``processor`` (read from its private state;
+    when that cannot be read, only a processor never added counts as absent)."""
+    provider = agents.tracing.get_trace_provider()
+    multi = getattr(provider, "_multi_processor", None)
+    processors = getattr(multi, "_processors", None)
+    if isinstance(processors, tuple):
+        return processor in processors
+    return processor.added
