@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from . import _context
 from ._guard import guarded
@@ -55,6 +55,8 @@ _ENDPOINTS = (
 )
 _on = False
 _watched: set[str] = set()
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def install() -> None:
@@ -88,6 +90,20 @@ def _patch(hook: str) -> None:
     if _on:
         with guarded(f"hooking an HTTP client ({hook}); its calls are not recorded"):
             importlib.import_module(f"{__package__}.{hook}").patch()
+
+
+def starting(open_call: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
+    """``open_call`` (a client hook's first step: is this a call to record, and how to send
+    it), guarded: if arttrace fails there, the call passes untouched (and the failure is
+    logged)."""
+
+    @functools.wraps(open_call)
+    def start(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        with guarded("starting the record of an HTTP call"):
+            return open_call(*args, **kwargs)
+        return None
+
+    return start
 
 
 def endpoint(method: str, path: str) -> str | None:

@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers
+from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _taps: dict[int, tuple[StreamReader, Exchange]] = {}
@@ -40,6 +40,7 @@ def unpatch() -> None:
     unwrap(aiohttp.ClientSession, "_request")
 
 
+@starting
 def _open(
     session: aiohttp.ClientSession, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Exchange, dict[str, Any]] | None:
@@ -63,15 +64,20 @@ def _open(
     if new_body is None:
         return exchange, kwargs
     with guarded("rewriting an aiohttp request", exchange.lost):
-        if "json" in kwargs and kwargs["json"] is not None:
-            return exchange, {**kwargs, "json": new_body}
-        headers = kwargs.get("headers")
-        sent = {**kwargs, "data": new_body}
-        if headers is not None:
-            sent["headers"] = CIMultiDict(headers)
-            sized_headers(sent["headers"], new_body)
-        return exchange, sent
+        return exchange, _rewritten(kwargs, new_body)
     return exchange, kwargs
+
+
+def _rewritten(kwargs: dict[str, Any], body: Any) -> dict[str, Any]:
+    """The keyword arguments of ``_request`` sending ``body`` (an object for ``json=``, else
+    bytes for ``data=``, with the caller's ``Content-Length`` fixed)."""
+    if kwargs.get("json") is not None:
+        return {**kwargs, "json": body}
+    sent = {**kwargs, "data": body}
+    if kwargs.get("headers") is not None:
+        sent["headers"] = CIMultiDict(kwargs["headers"])
+        sized_headers(sent["headers"], body)
+    return sent
 
 
 @mark

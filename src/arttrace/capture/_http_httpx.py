@@ -16,7 +16,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers
+from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -31,6 +31,7 @@ def unpatch() -> None:
     unwrap(httpx.AsyncClient, "send")
 
 
+@starting
 def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, httpx.Request] | None:
     """The exchange of this ``send`` and the request to send, or ``None`` to pass it."""
     request = args[0] if args else kwargs.get("request")

@@ -20,7 +20,7 @@ from dspy._vendor.lm15.transports import StdlibAsyncTransport, StdlibTransport
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange
+from ._http import Exchange, endpoint, open_exchange, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -35,6 +35,7 @@ def unpatch() -> None:
         unwrap(cls, name)
 
 
+@starting
 def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, Any] | None:
     request: Any = args[0] if args else kwargs.get("request")
     url = urllib.parse.urlsplit(getattr(request, "url", "") or "")

@@ -17,7 +17,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers
+from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -30,6 +30,7 @@ def unpatch() -> None:
     unwrap(requests.Session, "send")
 
 
+@starting
 def _open(request: Any) -> tuple[Exchange, Any] | None:
     """The exchange of this ``send`` and the request to send, or ``None`` to pass it."""
     if not isinstance(request, requests.PreparedRequest) or request.url is None:

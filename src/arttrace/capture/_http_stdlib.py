@@ -14,7 +14,7 @@ from typing import Any
 import wrapt
 
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers
+from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _PENDING = "_arttrace_exchange"
@@ -47,6 +47,7 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
     return result
 
 
+@starting
 def _open(
     connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Exchange, tuple[Any, ...], dict[str, Any]] | None:
