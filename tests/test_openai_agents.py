@@ -247,3 +247,20 @@ def test_uninstrument_stops_the_naming(server):
     assert len(t.calls) == 3
     assert all(c.framework is None and c.step is None for c in t.calls)
     assert openai_agents._processor is not None and not openai_agents._processor.enabled
+
+
+def test_replacing_the_sdks_processors_keeps_the_naming(agents_sdk, server):
+    agents.set_trace_processors([])  # after instrument(): an application exporting elsewhere
+    with pytest.warns(at.UntrainableTurnWarning), at.trajectory("q") as t:
+        run(server, responses_model)
+    assert names(t) == NAMED
+
+
+def test_with_the_sdks_tracing_off_calls_are_recorded_unnamed(agents_sdk, server):
+    agents.set_tracing_disabled(True)
+    try:
+        with pytest.warns(at.UntrainableTurnWarning), at.trajectory("q") as t:
+            run(server, responses_model)
+    finally:
+        agents.set_tracing_disabled(False)
+    assert names(t) == [(None, None, None)] * 3 and t.trainable_turns == 2
