@@ -5,6 +5,7 @@ streamed; the caller gets the bytes it gets without arttrace; one layer records 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import subprocess
@@ -21,6 +22,11 @@ import httpx
 import openai
 import pytest
 import requests
+from dspy._vendor.lm15.transports import (
+    StdlibAsyncTransport,
+    StdlibTransport,
+    TransportRequest,
+)
 
 import arttrace as at
 from arttrace.capture import _warnings
@@ -85,6 +91,29 @@ async def urllib_call(url: str, body: dict[str, Any], stream: bool) -> bytes:
         return b"".join(response) if stream else response.read()
 
 
+def lm15_request(url: str, body: dict[str, Any]) -> TransportRequest:
+    data = json.dumps(body).encode()
+    headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+    return TransportRequest("POST", url, headers=headers, body=data)
+
+
+async def lm15_sync(url: str, body: dict[str, Any], stream: bool) -> bytes:
+    """DSPy's default engine's transport (lm15's, on bare sockets), as its providers use it."""
+    with StdlibTransport() as transport, transport.stream(lm15_request(url, body)) as response:
+        return b"".join(response.iter_lines()) if stream else response.read()
+
+
+async def lm15_async(url: str, body: dict[str, Any], stream: bool) -> bytes:
+    transport = StdlibAsyncTransport()
+    try:
+        async with transport.stream(lm15_request(url, body)) as response:
+            if not stream:
+                return await response.read()
+            return b"".join([line async for line in response.aiter_lines()])
+    finally:
+        await transport.aclose()
+
+
 CLIENTS: dict[str, Call] = {
     "httpx": httpx_sync,
     "httpx-async": httpx_async,
@@ -92,6 +121,8 @@ CLIENTS: dict[str, Call] = {
     "aiohttp-data": aiohttp_data,
     "requests": requests_call,
     "urllib": urllib_call,
+    "dspy-lm15": lm15_sync,
+    "dspy-lm15-async": lm15_async,
 }
 MODES = {"whole": False, "streamed": True}
 
@@ -248,6 +279,24 @@ async def urllib_first_line(url: str, body: dict[str, Any]) -> bytes:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=JSON)
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.readline()  # type: ignore[no-any-return]
+
+
+@closer("dspy-lm15")
+async def lm15_first_piece(url: str, body: dict[str, Any]) -> bytes:
+    with StdlibTransport() as transport, transport.stream(lm15_request(url, body)) as response:
+        return next(iter(response))
+
+
+@closer("dspy-lm15-async")
+async def lm15_async_first_piece(url: str, body: dict[str, Any]) -> bytes:
+    transport = StdlibAsyncTransport()
+    try:
+        async with transport.stream(lm15_request(url, body)) as response:
+            async for piece in response:
+                return piece
+    finally:
+        await transport.aclose()
+    raise AssertionError("no piece")
 
 
 @pytest.mark.parametrize("client", CLOSERS)
@@ -492,3 +541,31 @@ def test_uninstrument_removes_every_hook(server: Serve) -> None:
         agent()
     _warnings.reset()
     assert t.calls == [] and "logprobs" not in llm.requests[0]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_a_compressed_answer_is_read_as_the_caller_reads_it(
+    instrumented: None, respx_mock: Any, streamed: bool
+) -> None:
+    """httpx hands a stream's raw bytes to the tap: a gzip body is decoded on the side."""
+    llm = ScriptedLLM()
+    body = {"model": "policy", "messages": USER, "stream": streamed}
+    sent = body | {"logprobs": True, "return_token_ids": True}  # what the layer will send
+    answer = llm.handle(httpx.Request("POST", "http://llm.test/v1/chat/completions", json=sent))
+    data = answer.read()
+    headers = {"content-type": answer.headers["content-type"], "content-encoding": "gzip"}
+    respx_mock.post("http://llm.test/v1/chat/completions").mock(
+        return_value=httpx.Response(200, headers=headers, content=gzip.compress(data))
+    )
+
+    @at.trainable
+    def agent() -> bytes:
+        with httpx.stream("POST", "http://llm.test/v1/chat/completions", json=body) as response:
+            return b"".join(response.iter_bytes())
+
+    with at.trajectory("gzip") as t:
+        assert agent() == data
+    (call,) = t.calls
+    assert call.capture_error is None and t.trainable_turns == 1
+    assert call.choices[0].token_ids is not None
+    assert call.choices[0].token_ids.tolist() == served(data, streamed)[1]

@@ -19,6 +19,7 @@ from arttrace.capture import (
     _http,
     _http_aiohttp,
     _http_httpx,
+    _http_lm15,
     _http_requests,
     _http_stdlib,
     _sse,
@@ -40,6 +41,7 @@ FAULTS: dict[str, list[tuple[Any, str]]] = {
     "opening": [(_wire, "open_recorder")],
     "rewriting": [
         (_http_aiohttp, "_rewritten"),
+        (_http_lm15, "_rewritten"),
         (_http_httpx, "sized_headers"),
         (_http_requests, "sized_headers"),
         (_http_stdlib, "sized_headers"),
@@ -47,6 +49,7 @@ FAULTS: dict[str, list[tuple[Any, str]]] = {
     "watching": [
         (_http_httpx, "_tap"),
         (_http_aiohttp, "_tap"),
+        (_http_lm15, "_watch"),
         (_http_requests, "_Raw"),
         (_http_stdlib, "_Response"),
     ],

@@ -49,12 +49,16 @@ def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, Any]
     if new_body is None:
         return exchange, request
     with guarded("rewriting a DSPy request", exchange.lost):
-        headers = [
-            (k, str(len(new_body)) if k.lower() == "content-length" else v)
-            for k, v in request.headers
-        ]
-        return exchange, dataclasses.replace(request, body=new_body, headers=headers)
+        return exchange, _rewritten(request, new_body)
     return exchange, request
+
+
+def _rewritten(request: Any, body: bytes) -> Any:
+    """``request`` (a ``TransportRequest``) sending ``body``, its ``Content-Length`` fixed."""
+    headers = [
+        (k, str(len(body)) if k.lower() == "content-length" else v) for k, v in request.headers
+    ]
+    return dataclasses.replace(request, body=body, headers=headers)
 
 
 @mark
