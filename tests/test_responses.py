@@ -755,3 +755,64 @@ def test_the_scripted_server_answers_legacy_completions_as_vllm(started):
     assert streamed == extra["token_ids"]
     assert "".join(c.choices[0].text for c in chunks) == "four"
     assert (chunks[0].choices[0].model_extra or {})["prompt_token_ids"] == extra["prompt_token_ids"]
+
+
+# -- ART's own preprocessing accepts the records --------------------------------------------------
+
+
+def test_art_trains_exactly_the_sampled_tokens_of_responses_turns(instrumented):
+    """Exact Qwen2.5 ids from a server returning ``token_generations``: a function-call turn
+    and the answer after its output, chained by ``previous_response_id``, tokenized by ART."""
+    import art
+    from art.preprocessing.tokenize import tokenize_trajectory_groups
+
+    from arttrace.testing import HFChatTokenizer
+    from qwen import qwen_tokenizer
+
+    qwen = qwen_tokenizer()
+    rollouts = [("Paris", "Sunny.", 1.0), ("Rome", "Warm.", 0.0)]
+    script: list[Reply] = []
+    for city, answer, _ in rollouts:
+        script += [Reply(tool_calls=[ToolCall("get_weather", {"city": city})]), Reply(answer)]
+    with serve(ScriptedLLM(script, tokenizer=HFChatTokenizer(qwen))) as server:
+        server.responses.token_generations = True
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+
+        @at.trainable
+        def agent() -> None:
+            first = client.responses.create(model="policy", input="Weather?", tools=[WEATHER])
+            output = {"type": "function_call_output", "call_id": first.output[-1].call_id}
+            client.responses.create(
+                model="policy",
+                input=[{**output, "output": "fine"}],
+                tools=[WEATHER],
+                previous_response_id=first.id,
+            )
+
+        trajectories = []
+        for number, (_, _, reward) in enumerate(rollouts):
+            with at.trajectory("ex", metadata={"rollout": number}) as t:
+                agent()
+                t.reward = reward
+            assert t.trainable_turns == 2
+            trajectories.append(t.to_art())
+    results = list(
+        tokenize_trajectory_groups(
+            qwen,
+            [art.TrajectoryGroup(trajectories)],
+            allow_training_without_logprobs=False,
+            scale_rewards=True,
+        )
+    )
+    assert len(results) == 2
+    for result, trajectory in zip(
+        sorted(results, key=lambda r: r.trajectory.metadata["rollout"]), trajectories, strict=True
+    ):
+        choices = [m for m in trajectory.messages_and_choices if isinstance(m, Choice)]
+        first, second = (c.model_extra or {} for c in choices)
+        # one sequence: the answer's prompt extends the call's prompt and sample
+        assert result.token_ids == second["prompt_token_ids"] + second["token_ids"]
+        masked = [t for t, m in zip(result.token_ids, result.assistant_mask, strict=True) if m]
+        assert masked == first["token_ids"] + second["token_ids"]
+        kept = [lp for lp, m in zip(result.logprobs, result.assistant_mask, strict=True) if m]
+        assert kept == [t.logprob for c in choices for t in c.logprobs.content]
