@@ -293,12 +293,7 @@ class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
                 _observe(capture, completion)
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.__wrapped__.parse(*args, **kwargs)
-        if isinstance(result, openai.Stream | openai.AsyncStream):
-            if self._self_stream is None or self._self_stream.__wrapped__ is not result:
-                self._self_stream = _observe(self._self_capture, result)
-            return self._self_stream
-        return result
+        return _watched(self, self.__wrapped__.parse(*args, **kwargs))
 
 
 class _StreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
@@ -339,7 +334,8 @@ class _AsyncStreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
 
 
 def _watched(proxy: Any, result: Any) -> Any:
-    """A parsed result of a streaming response, watched once (the SDK caches ``parse()``)."""
+    """A parsed result of a raw or streaming response, watched once (the SDK caches
+    ``parse()``; a whole result already recorded is left alone)."""
     if isinstance(result, openai.Stream | openai.AsyncStream):
         if proxy._self_stream is None or proxy._self_stream.__wrapped__ is not result:
             proxy._self_stream = _observe(proxy._self_capture, result)
