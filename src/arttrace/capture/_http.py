@@ -106,6 +106,12 @@ def starting(open_call: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
     return start
 
 
+def passing() -> bool:
+    """Whether every call passes untouched now (capture off, or another layer recording): the
+    first, cheapest check of every hook."""
+    return not _on or _context.capturing.get()
+
+
 def endpoint(method: str, path: str) -> str | None:
     """The API a request calls (``chat/completions``, ``responses``, ``completions``), or
     ``None`` when this layer lets it pass: not a ``POST`` to such a path, capture off, another

@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
+from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _taps: dict[int, tuple[StreamReader, Exchange]] = {}
@@ -82,7 +82,7 @@ def _rewritten(kwargs: dict[str, Any], body: Any) -> dict[str, Any]:
 
 @mark
 def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(instance, args, kwargs)
+    opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     return _recorded(wrapped, args, *opened)

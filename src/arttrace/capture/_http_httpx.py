@@ -16,7 +16,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
+from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -73,7 +73,7 @@ def _args(
 
 @mark
 def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(args, kwargs)
+    opened = None if passing() else _open(args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened
@@ -91,7 +91,7 @@ def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any
 
 @mark
 def _asend(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(args, kwargs)
+    opened = None if passing() else _open(args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened

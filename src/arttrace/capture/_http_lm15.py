@@ -20,7 +20,7 @@ from dspy._vendor.lm15.transports import StdlibAsyncTransport, StdlibTransport
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, starting
+from ._http import Exchange, endpoint, open_exchange, passing, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -63,7 +63,7 @@ def _rewritten(request: Any, body: bytes) -> Any:
 
 @mark
 def _stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(args, kwargs)
+    opened = None if passing() else _open(args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened
@@ -91,7 +91,7 @@ def _stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> A
 
 @mark
 def _do_stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(args, kwargs)
+    opened = None if passing() else _open(args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     return _do_stream_recorded(wrapped, *opened)

@@ -17,7 +17,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
+from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -57,7 +57,7 @@ def _open(request: Any) -> tuple[Exchange, Any] | None:
 @mark
 def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     request = args[0] if args else kwargs.get("request")
-    opened = _open(request)
+    opened = None if passing() else _open(request)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened

@@ -14,7 +14,7 @@ from typing import Any
 import wrapt
 
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, sized_headers, starting
+from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _PENDING = "_arttrace_exchange"
@@ -34,7 +34,8 @@ def unpatch() -> None:
 
 @mark
 def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = _open(instance, args, kwargs)
+    instance.__dict__.pop(_PENDING, None)
+    opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, args, kwargs = opened
@@ -51,7 +52,6 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
 def _open(
     connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Exchange, tuple[Any, ...], dict[str, Any]] | None:
-    connection.__dict__.pop(_PENDING, None)
     call = _Call(*args, **kwargs)
     api = endpoint(call.method, urllib.parse.urlsplit(call.url).path)
     if api is None or not isinstance(call.body, bytes | str):
