@@ -4,13 +4,15 @@
     python bench/bench_gateway.py --quick               # fewer calls, rougher figures
     python bench/bench_gateway.py --concurrency 1000    # the high-concurrency round's size
 
-Three processes, as in use: the upstream (arttrace's scripted vLLM-like server, on loopback),
-the caller (an agent: an httpx client in a process of its own, started from this file with
-``--caller``), and this one, which holds the ``arttrace.Gateway`` and the trajectories. Each
-call streams a 64-token completion (one token per chunk, logprobs and token ids, as vLLM sends
-them). The caller calls the upstream directly and through the gateway (each gateway call in a
-trajectory of its own), alternating, so both arms share the machine's load. The caller times
-each call; this process waits on a pipe meanwhile, so the gateway's thread is alone here.
+Three processes, as in use: the upstream (arttrace's scripted vLLM-like model, served as vLLM
+serves, by uvicorn on loopback: one event loop, not a thread per connection, so 1,000 streams
+measure the gateway rather than a thousand threads contending for one GIL), the caller (an
+agent: an httpx client in a process of its own, this file run with ``--caller``), and this
+one, which holds the ``arttrace.Gateway`` and the trajectories. Each call streams a 64-token
+completion (one token per chunk, logprobs and token ids, as vLLM sends them). The caller calls
+the upstream directly and through the gateway (each gateway call in a trajectory of its own),
+alternating, so both arms share the machine's load. The caller times each call; this process
+waits on a pipe meanwhile, so the gateway's thread is alone here.
 Reported, each block with the load average beside it:
 
 (a) time to first byte and to last byte, p50 and p99, direct and through the gateway, at 1
@@ -49,16 +51,45 @@ CONTENT = " ".join(f"w{i}" for i in range(TOKENS // 2))  # 32 words + 31 spaces 
 LONG_CONTENT = " ".join(f"w{i}" for i in range(LONG // 2))
 TARGET_P50_MS, TARGET_P99_MS, TARGET_BYTES = 1.0, 5.0, 32.0
 UPSTREAM = f"""
-import socketserver, sys
-# The scripted server writes each chunk of a stream with a write of its own: without
-# TCP_NODELAY, Nagle's algorithm holds the second write until the first is acknowledged, and
-# the reader's delayed ACK makes that ~40 ms, in both arms alike.
-socketserver.StreamRequestHandler.disable_nagle_algorithm = True
-from arttrace.testing import ScriptedLLM, serve
+import asyncio, json, sys
+from arttrace._asgi_server import ServerThread
+from arttrace.testing import ScriptedLLM
+
 long = lambda request: request["messages"][-1]["content"] == "long"
-server = serve(ScriptedLLM(lambda request: {LONG_CONTENT!r} if long(request) else {CONTENT!r}))
-print(server.base_url, flush=True)
+llm = ScriptedLLM(lambda request: {LONG_CONTENT!r} if long(request) else {CONTENT!r})
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({{"type": "lifespan.startup.complete"}})
+        await send({{"type": "lifespan.shutdown.complete"}})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    status, payload, chunks = llm.respond(json.loads(body))
+    llm.requests.clear()
+    if chunks is None:
+        data = json.dumps(payload).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({{"type": "http.response.start", "status": status, "headers": headers}})
+        await send({{"type": "http.response.body", "body": data}})
+        return
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({{"type": "http.response.start", "status": 200, "headers": headers}})
+    for chunk in chunks:
+        await send({{"type": "http.response.body", "body": chunk, "more_body": True}})
+        await asyncio.sleep(0)  # one token at a time, streams interleaved, as a server samples
+    await send({{"type": "http.response.body", "body": b""}})
+
+server = ServerThread(app, "127.0.0.1", 0, name="the scripted upstream")
+server.start()
+print("http://%s:%d/v1" % server.address, flush=True)
 sys.stdin.read()
+server.stop()
 """
 BODY = {
     "model": "policy",
@@ -253,8 +284,12 @@ async def concurrent(
 
 async def memory(caller: Caller, gateway: Gateway, calls: int) -> None:
     kept: list[Any] = []
-    gc.collect()
     tracemalloc.start()
+    for i in range(5):  # what the first calls allocate once (caches, pools) is not per token
+        async with at.trajectory(f"warm-{i}") as t:
+            await caller.calls([gateway.url(t)], long=True)
+    await asyncio.sleep(0.2)
+    gc.collect()
     before = tracemalloc.get_traced_memory()[0]
     for i in range(calls):
         async with at.trajectory(f"m-{i}") as t:
@@ -319,6 +354,6 @@ if __name__ == "__main__":
         asyncio.run(caller(args.concurrency))
         sys.exit(0)
     args.calls = 100 if args.quick else 400
-    args.rounds = 1 if args.quick else 2
+    args.rounds = 2  # in both orders: the first arm of a round opens the connections
     args.memory_calls = 100 if args.quick else 400
     asyncio.run(main(args))

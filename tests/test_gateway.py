@@ -305,6 +305,26 @@ def test_an_unreachable_upstream_is_a_502_and_marks_the_call() -> None:
     assert call.error is not None and "ClientConnectorError" in call.error
 
 
+def test_an_upstream_silent_beyond_the_timeout_is_cut_and_marks_the_call_partial() -> None:
+    upstream = RecordingUpstream(ScriptedLLM(["one two three"]), delay=1.5)  # 1.5 s per chunk
+    with (
+        gateway_to(upstream, timeout=0.3) as gateway,
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+    ):
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        got = b""
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            client.stream("POST", f"{gateway.url(t)}/chat/completions", json=body) as response,
+        ):
+            for piece in response.iter_raw():
+                got += piece
+    assert got == upstream.exchanges[0].answer[0]  # the first chunk, then the cut
+    (call,) = t.calls
+    assert call.partial and call.error is not None and "Timeout" in call.error
+
+
 def test_a_stream_the_upstream_cuts_is_cut_for_the_caller_and_marked_partial() -> None:
     llm = ScriptedLLM(["one two three four five"], cut_stream_after=4)
     upstream = RecordingUpstream(llm)
