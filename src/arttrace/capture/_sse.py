@@ -14,6 +14,14 @@ class EventReader:
         self._data: list[bytes] = []
 
     def feed(self, piece: bytes) -> list[bytes]:
+        if (  # the usual piece, one whole ``data:`` event (vLLM sends one per chunk): at once
+            not self._tail
+            and not self._data
+            and piece.startswith(b"data: ")
+            and piece.find(b"\n") == len(piece) - 2
+            and piece.endswith(b"\n\n")
+        ):
+            return [piece[6:-2]]
         lines = (self._tail + piece).split(b"\n")
         self._tail = lines.pop()  # an unfinished line waits for the next piece
         events: list[bytes] = []

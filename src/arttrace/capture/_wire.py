@@ -82,11 +82,12 @@ class _ChatCall:
     has the whole answer, so the call is not abandoned.
     """
 
-    __slots__ = ("_choices", "_finished", "_usage", "capture", "done")
+    __slots__ = ("_choices", "_finished", "_reading", "_usage", "capture", "done")
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self.done = False
+        self._reading = guarded("reading a Chat Completions stream", self._unreadable)
         body = capture.kwargs
         n, options = body.get("n"), body.get("stream_options")
         self._choices = n if type(n) is int and n > 0 else 1
@@ -112,7 +113,7 @@ class _ChatCall:
         if data == b"[DONE]":
             self.ended()
             return
-        with guarded("reading a Chat Completions stream", self._unreadable):
+        with self._reading:  # one guard per stream: it runs for every event
             try:
                 chunk = ChatCompletionChunk.model_validate_json(data)
             except ValidationError:
