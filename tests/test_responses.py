@@ -816,3 +816,25 @@ def test_art_trains_exactly_the_sampled_tokens_of_responses_turns(instrumented):
         assert masked == first["token_ids"] + second["token_ids"]
         kept = [lp for lp, m in zip(result.logprobs, result.assistant_mask, strict=True) if m]
         assert kept == [t.logprob for c in choices for t in c.logprobs.content]
+
+
+def test_raw_ids_short_of_the_servers_own_count_are_not_trusted(instrumented, started):
+    """A vLLM whose final streamed response held only the last delta's ids (or several
+    generations' worth of output): the server's ``usage.output_tokens`` disagrees, so the turn
+    is context, not trained on wrong ids."""
+    _server, client, _ = started("one two three")
+
+    @at.trainable
+    def agent() -> ResponsesCall:
+        response = client.responses.create(model="policy", input="x")
+        sent = as_sent(response)
+        sent["output_messages"][0]["tokens"] = sent["output_messages"][0]["tokens"][-1:]
+        recorder = ResponsesCall({"model": "policy", "input": "x"}, Settings(), None)
+        recorder.whole(200, json.dumps(sent).encode())
+        return recorder
+
+    with pytest.warns(at.UntrainableTurnWarning), at.trajectory("q") as t:
+        recorder = agent()
+    assert t.calls[0].choices[0].token_ids is not None  # the shim's own record: whole
+    assert recorder.call.choices[0].token_ids is None and recorder.call.prompt_token_ids is None
+    assert recorder.call.choices[0].message == {"role": "assistant", "content": "one two three"}

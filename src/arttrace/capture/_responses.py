@@ -334,6 +334,10 @@ def _exact_tokens(response: Mapping[str, Any], items: list[Mapping[str, Any]]) -
     ]
     prompt = _raw_tokens(response.get("input_messages"))
     ids = _raw_tokens(response.get("output_messages"))
+    usage = response.get("usage")
+    counted = usage.get("output_tokens") if isinstance(usage, Mapping) else None
+    if ids is not None and type(counted) is int and counted != len(ids):
+        return None, None, None, [], []  # the ids are not the whole turn's: trust none of it
     return prompt, ids, logprobs, tokens, top if any(top) else []
 
 
