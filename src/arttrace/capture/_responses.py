@@ -17,6 +17,8 @@ ids (with their logprobs) of *one* generation. The response carries them in one 
   ``response.completed`` event of a stream carries the same). vLLM drops them when the turn is
   only a function call (no text item to carry them), so such a turn has no logprobs and is
   kept as context. Logprob tokens ``token_id:<n>`` alone give ids but no prompt: not enough.
+  Raw ids whose count differs from the server's ``usage.output_tokens`` (several generations,
+  or a vLLM whose final streamed response kept only the last delta) are not trusted.
 
 On ``@trainable`` calls arttrace asks for both vLLM fields (sampling parameters untouched;
 ``instrument(request_training_data=False)`` turns this off). A turn without exact tokens is
