@@ -374,3 +374,39 @@ def test_continuous_usage_keeps_the_final_count_and_a_cut_stream_no_running_coun
         )()
     (call,) = t.calls
     assert call.partial and call.usage is None  # not one choice's running count
+
+
+def test_concealing_leaves_openai_style_chunks_as_the_caller_would_see_them() -> None:
+    """OpenAI's API sends ``"usage": null`` on every chunk once ``include_usage`` is on: the
+    chunks the caller sees still dump as they would have without it."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        include = (json.loads(request.read()).get("stream_options") or {}).get("include_usage")
+        head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "policy"}
+        part = {"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}
+        chunks: list[dict[str, Any]] = [{**head, "choices": [part]}]
+        if include:
+            chunks = [{**chunks[0], "usage": None}, {**head, "choices": [], "usage": USAGE}]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+
+    sdk = openai.OpenAI(
+        base_url="http://openai.test/v1",
+        api_key="k",
+        http_client=httpx.Client(transport=httpx.MockTransport(answer)),
+    )
+    base = {"model": "policy", "messages": ASK, "stream": True}
+    with at.trajectory("ex"):
+        capture = at.trainable(lambda: Capture(base, Settings(), sdk, hide_usage=True))()
+        seen = []
+        for chunk in sdk.chat.completions.create(**capture.kwargs):
+            capture.add_chunk(chunk)
+            if not capture.conceal(chunk):
+                seen.append(chunk)
+        capture.end_stream()
+    plain = list(sdk.chat.completions.create(**base))
+    assert [c.to_json() for c in seen] == [c.to_json() for c in plain]
+    assert capture.call.usage == USAGE
+
+
+USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}

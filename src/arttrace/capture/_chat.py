@@ -166,16 +166,20 @@ class Capture(OpenCall):
 
     def conceal(self, chunk: Any) -> bool:
         """Whether the stream proxy must drop ``chunk``: the usage chunk arttrace asked for and
-        the caller did not. The other chunks then carry ``usage: null`` on some servers
-        (OpenAI's); that field is marked unset again, so they dump as they would have."""
+        the caller did not. It reads only ``chunk`` (call it whether or not :meth:`add_chunk`
+        failed). The other chunks then carry ``usage: null`` on some servers (OpenAI's); that
+        field is marked unset again, so they dump as they would have. A server that sends
+        usage unasked (vLLM's ``--enable-force-include-usage`` puts it on every chunk) shows
+        the caller its usage chunk too, so nothing is dropped then."""
         if not self.usage_added:
             return False
         if chunk.choices:
-            fields = chunk.model_fields_set
-            if chunk.usage is None and "usage" in fields:
-                fields.discard("usage")
+            if chunk.usage is not None:
+                self.usage_added = False  # the server sends usage whatever was asked
+            elif "usage" in chunk.model_fields_set:
+                chunk.model_fields_set.discard("usage")
             return False
-        return chunk.usage is not None
+        return type(chunk.choices) is list and chunk.usage is not None
 
     def end_stream(self) -> None:
         if not self._claim():
