@@ -838,3 +838,30 @@ def test_raw_ids_short_of_the_servers_own_count_are_not_trusted(instrumented, st
     assert t.calls[0].choices[0].token_ids is not None  # the shim's own record: whole
     assert recorder.call.choices[0].token_ids is None and recorder.call.prompt_token_ids is None
     assert recorder.call.choices[0].message == {"role": "assistant", "content": "one two three"}
+
+
+def test_langchain_on_the_responses_api_is_recorded_once_and_trains(instrumented, started):
+    """``ChatOpenAI(use_responses_api=True)``: the shim records the call with its exact
+    tokens, LangChain's hook names it, the layer merge keeps one record."""
+    from langchain_openai import ChatOpenAI
+
+    server, _, _ = started("Hello there.", "Streamed.")
+    llm = ChatOpenAI(
+        model="policy", base_url=server.base_url, api_key="test", use_responses_api=True
+    )
+
+    @at.trainable
+    def agent() -> None:
+        llm.invoke("Hi")
+        for _ in llm.stream("Hi again"):
+            pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with at.trajectory("q") as t:
+            agent()
+    assert len(t.calls) == len(server.responses.requests) == 2
+    assert [(c.source, c.framework) for c in t.calls] == [("openai", "langchain")] * 2
+    assert t.trainable_turns == 2
+    for call, sent in zip(t.calls, server.responses.sent, strict=True):
+        assert tokens(call) == exact(sent)
