@@ -569,3 +569,27 @@ def test_a_compressed_answer_is_read_as_the_caller_reads_it(
     assert call.capture_error is None and t.trainable_turns == 1
     assert call.choices[0].token_ids is not None
     assert call.choices[0].token_ids.tolist() == served(data, streamed)[1]
+
+
+def test_arts_own_capture_and_this_layer_each_see_a_raw_call_once(
+    instrumented: None, server: Serve
+) -> None:
+    """ART's capture (``with art.Trajectory()``) patches httpx's send and response reads
+    around arttrace's hook: both still see each call once, and the caller's bytes are whole."""
+    import art
+
+    url = server(ScriptedLLM()).base_url + "/chat/completions"
+
+    @at.trainable
+    def agent() -> bytes:
+        body = {"model": "policy", "messages": USER}
+        whole = httpx.post(url, json=body).content
+        with httpx.stream("POST", url, json=body | {"stream": True}) as response:
+            return whole + b"".join(response.iter_bytes())
+
+    with art.Trajectory() as scope, at.trajectory("art") as t:
+        data = agent()
+    assert data.startswith(b"{") and data.endswith(b"data: [DONE]\n\n")
+    assert [(c.source, c.streamed) for c in t.calls] == [("http", False), ("http", True)]
+    assert t.trainable_turns == 2
+    assert len(scope.exchanges.chat_completions) == 2
