@@ -409,4 +409,17 @@ def test_concealing_leaves_openai_style_chunks_as_the_caller_would_see_them() ->
     assert capture.call.usage == USAGE
 
 
+def test_a_server_that_forces_usage_keeps_its_usage_chunk_for_the_caller(server: Serve) -> None:
+    """vLLM's ``--enable-force-include-usage`` sends usage on every chunk and a usage chunk
+    whatever was asked: the caller sees it with or without arttrace, so it is not dropped."""
+    sdk = client(server, ScriptedLLM(lambda request: Reply("a b c"), force_include_usage=True))
+    base = {"model": "policy", "messages": ASK, "stream": True}
+    with at.trajectory("ex"):
+        capture = at.trainable(lambda: Capture(base, Settings(), sdk, hide_usage=True))()
+        chunks = list(sdk.chat.completions.create(**capture.kwargs))
+        hidden = [c for c in chunks if capture.conceal(c)]
+        capture.abandon("read")
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and hidden == []
+
+
 USAGE = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}

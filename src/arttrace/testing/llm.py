@@ -71,6 +71,8 @@ class ScriptedLLM:
     vanish together; the usage still counts them). ``reasoning_keys``: the message and delta
     fields the reasoning goes in: ``("reasoning",)`` as vLLM >= 0.15,
     ``("reasoning", "reasoning_content")`` as 0.11-0.14, ``("reasoning_content",)`` as 0.10.
+    ``force_include_usage``: usage on every chunk and a usage chunk last, asked or not (vLLM's
+    ``--enable-force-include-usage``).
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class ScriptedLLM:
         seed: int = 0,
         drop_held_back: bool = False,
         reasoning_keys: Sequence[str] = ("reasoning",),
+        force_include_usage: bool = False,
     ) -> None:
         if replies is None:
             self._responder: Responder = echo
@@ -99,6 +102,7 @@ class ScriptedLLM:
         self.seed = seed
         self.drop_held_back = drop_held_back
         self.reasoning_keys = tuple(reasoning_keys)
+        self.force_include_usage = force_include_usage
         self.requests: list[dict[str, Any]] = []
         """Every request body received, in order."""
         self._lock = threading.Lock()
@@ -298,6 +302,8 @@ class ScriptedLLM:
             "model": payload["model"],
         }
         options = body.get("stream_options") or {}
+        if self.force_include_usage:
+            options = {"include_usage": True, "continuous_usage_stats": True}
         usage = payload["usage"]
         continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
 
