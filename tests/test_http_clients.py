@@ -593,3 +593,36 @@ def test_arts_own_capture_and_this_layer_each_see_a_raw_call_once(
     assert [(c.source, c.streamed) for c in t.calls] == [("http", False), ("http", True)]
     assert t.trainable_turns == 2
     assert len(scope.exchanges.chat_completions) == 2
+
+
+class UrllibTransport(httpx.BaseTransport):
+    """An httpx transport that sends with ``urllib`` (``http.client``): two hooked clients,
+    one inside the other, as LiteLLM's httpx client sends through aiohttp."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        sent = urllib.request.Request(
+            str(request.url), data=request.read(), headers=dict(request.headers), method="POST"
+        )
+        with urllib.request.urlopen(sent, timeout=10) as answer:
+            return httpx.Response(
+                answer.status, headers=answer.headers.items(), content=answer.read()
+            )
+
+
+def test_a_client_sending_through_another_is_recorded_once_by_the_outer(
+    instrumented: None, server: Serve
+) -> None:
+    llm = ScriptedLLM()
+    url = server(llm).base_url + "/chat/completions"
+
+    @at.trainable
+    def agent() -> None:
+        with httpx.Client(transport=UrllibTransport()) as client:
+            client.post(url, json={"model": "policy", "messages": USER}).raise_for_status()
+
+    with at.trajectory("nested") as t:
+        agent()
+    (call,) = t.calls
+    assert call.source == "http" and t.trainable_turns == 1
+    (sent,) = llm.requests
+    assert (sent["logprobs"], sent["return_token_ids"]) == (True, True)
