@@ -74,6 +74,18 @@ def raw_stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def read_as_the_proxy(sdk: openai.OpenAI, capture: Capture) -> list[Any]:
+    """Send ``capture``'s call and read its stream as the shim's proxy does: each chunk
+    recorded, the chunks the capture conceals dropped."""
+    seen = []
+    for chunk in sdk.chat.completions.create(**capture.kwargs):
+        capture.add_chunk(chunk)
+        if not capture.conceal(chunk):
+            seen.append(chunk)
+    capture.end_stream()
+    return seen
+
+
 def training_body(**extra: Any) -> dict[str, Any]:
     return {"model": "policy", "messages": ASK, "logprobs": True, "return_token_ids": True, **extra}
 
@@ -212,12 +224,7 @@ def test_a_policy_stream_asks_for_the_usage_chunk_and_the_caller_never_sees_it(
         own = start({**base, "stream_options": {"include_usage": False}})
         raw = start({**base, "extra_headers": {"X-Stainless-Raw-Response": "true"}})
         context = Capture(base, Settings(), sdk, hide_usage=True)  # outside @trainable
-        seen = []
-        for chunk in sdk.chat.completions.create(**capture.kwargs):
-            capture.add_chunk(chunk)
-            if not capture.conceal(chunk):
-                seen.append(chunk)
-        capture.end_stream()
+        seen = read_as_the_proxy(sdk, capture)
         for other in (own, raw, context):
             other.abandon("not sent")
     assert capture.kwargs["stream_options"] == {"include_usage": True}
@@ -398,12 +405,7 @@ def test_concealing_leaves_openai_style_chunks_as_the_caller_would_see_them() ->
     base = {"model": "policy", "messages": ASK, "stream": True}
     with at.trajectory("ex"):
         capture = at.trainable(lambda: Capture(base, Settings(), sdk, hide_usage=True))()
-        seen = []
-        for chunk in sdk.chat.completions.create(**capture.kwargs):
-            capture.add_chunk(chunk)
-            if not capture.conceal(chunk):
-                seen.append(chunk)
-        capture.end_stream()
+        seen = read_as_the_proxy(sdk, capture)
     plain = list(sdk.chat.completions.create(**base))
     assert [c.to_json() for c in seen] == [c.to_json() for c in plain]
     assert capture.call.usage == USAGE
