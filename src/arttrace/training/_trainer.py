@@ -41,7 +41,10 @@ class Trainer[ExampleT]:
     ``await trainer.step()`` runs ``group_size`` rollouts of each of the next
     ``groups_per_step`` examples, journals every finished run, builds one
     ``art.TrajectoryGroup`` per example, drops the groups that teach nothing and ships the rest
-    with ``backend.train(model, groups, learning_rate=..., **train_kwargs)``.
+    with ``backend.train(model, groups, learning_rate=..., **train_kwargs)``. A group with
+    reward spread but no trainable token does not ship either: a ``NothingToTrainWarning``
+    per step names the cause, and a step left with nothing to train fails with
+    :class:`~arttrace.TrainingError`.
 
     Args:
         model: The ``art.TrainableModel`` to train; register it first
