@@ -865,3 +865,20 @@ def test_langchain_on_the_responses_api_is_recorded_once_and_trains(instrumented
     assert t.trainable_turns == 2
     for call, sent in zip(t.calls, server.responses.sent, strict=True):
         assert tokens(call) == exact(sent)
+
+
+def test_a_server_side_conversation_is_named_as_unrecorded_history(instrumented, started):
+    _, client, _ = started("Again.")
+
+    @at.trainable
+    def agent() -> None:
+        client.responses.create(model="policy", input="More", conversation="conv_1")
+
+    with (
+        pytest.warns(UserWarning, match="continues conversation 'conv_1', which was not"),
+        at.trajectory("q") as t,
+    ):
+        agent()
+    (call,) = t.calls
+    assert call.messages == [{"role": "user", "content": "More"}]
+    assert "conversation 'conv_1'" in call.params["arttrace_context"]

@@ -29,8 +29,9 @@ items ``tool`` messages, ``reasoning`` items the assistant's ``reasoning``), so 
 ART is the chat path's.
 
 ``previous_response_id``: the model saw the chain's earlier turns, so the record's messages
-start with them when the earlier turn was recorded in this run; when it was not, the record
-says so (``params["arttrace_context"]``) and the first such call per model warns.
+start with them when the earlier turn was recorded in this run; when it was not (or the call
+names a server-side ``conversation``), the record says so (``params["arttrace_context"]``) and
+the first such call per model warns.
 """
 
 from __future__ import annotations
@@ -144,21 +145,28 @@ class ResponsesCall(OpenCall):
         turn = input_messages(body.get("input"), skipped)
         if skipped:
             self.call.params["arttrace_skipped_items"] = skipped
-        previous = body.get("previous_response_id")
+        previous, conversation = body.get("previous_response_id"), body.get("conversation")
+        if given(conversation):  # the Conversations API: the server holds the earlier items
+            self._unrecorded(f"conversation {jsonable(conversation)!r}")
+            return system + turn
         if not given(previous):
             return system + turn
         earlier = _recorded(trajectory, str(previous))
         if earlier is None:
-            self.call.params["arttrace_context"] = (
-                f"previous_response_id {previous!r} was not recorded in this run: the messages "
-                "start at this turn's input, the model saw more"
-            )
-            if self.call.trainable:
-                _warn_chain(self.call.model, str(previous))
+            self._unrecorded(f"previous_response_id {previous!r}")
             return system + turn
         history = [m for m in earlier.messages if m.get("role") != "system"]
         said = [earlier.choices[0].message] if earlier.choices else []
         return system + history + said + turn
+
+    def _unrecorded(self, what: str) -> None:
+        """The model saw earlier turns this run did not record (``what`` names them)."""
+        self.call.params["arttrace_context"] = (
+            f"{what} was not recorded in this run: the messages start at this turn's input, "
+            "the model saw more"
+        )
+        if self.call.trainable:
+            _warn_chain(self.call.model, what)
 
     # -- the SDK's objects -----------------------------------------------------------------
 
@@ -511,13 +519,13 @@ def _recorded(trajectory: Trajectory | None, response_id: str) -> LLMCall | None
     return None
 
 
-def _warn_chain(model: str, previous: str) -> None:
+def _warn_chain(model: str, what: str) -> None:
     _warn_once(
         (model, "previous_response_id"),
-        f"arttrace: a @trainable Responses call to model {model!r} continues response "
-        f"{previous!r}, which was not recorded in this run, so its record starts at this "
-        "turn's input (the server's token ids still cover the whole chain). Make the chain's "
-        "earlier calls inside the same trajectory, or send the whole conversation as input.",
+        f"arttrace: a @trainable Responses call to model {model!r} continues {what}, which "
+        "was not recorded in this run, so its record starts at this turn's input (the "
+        "server's token ids still cover the whole chain). Make the chain's earlier calls "
+        "inside the same trajectory, or send the whole conversation as input.",
         UserWarning,
     )
 
