@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -335,7 +336,7 @@ def test_a_stream_cut_by_the_server_reaches_the_caller_and_marks_the_call(
 
 
 def test_a_server_error_reaches_the_caller_and_marks_the_call(
-    instrumented: None, server: Serve
+    instrumented: None, server: Serve, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = server(ScriptedLLM()).base_url + "/chat/completions"
 
@@ -343,9 +344,13 @@ def test_a_server_error_reaches_the_caller_and_marks_the_call(
     def agent() -> requests.Response:
         return requests.post(url, data=b"{not json", headers=JSON, timeout=10)
 
-    with pytest.warns(at.NothingToTrainWarning), at.trajectory("error") as t:
+    with (
+        caplog.at_level(logging.ERROR, "arttrace"),
+        pytest.warns(at.NothingToTrainWarning),
+        at.trajectory("error") as t,
+    ):
         response = agent()
-    assert response.status_code == 400
+    assert response.status_code == 400 and not caplog.records  # not arttrace's failure
     assert t.calls == []  # not a JSON body: not an LLM call this layer can read, passed on
     exhausted = server(ScriptedLLM([])).base_url + "/chat/completions"
     with at.trajectory("error") as t:

@@ -114,9 +114,9 @@ def passing() -> bool:
 
 def endpoint(method: str, path: str) -> str | None:
     """The API a request calls (``chat/completions``, ``responses``, ``completions``), or
-    ``None`` when this layer lets it pass: not a ``POST`` to such a path, capture off, another
-    layer recording it, or nothing that would keep the record."""
-    if not _on or method.upper() != "POST" or _context.capturing.get():
+    ``None`` when this layer lets it pass: not a ``POST`` to such a path, or nothing that would
+    keep the record (after :func:`passing`)."""
+    if method.upper() != "POST":
         return None
     path = path.split("?", 1)[0].rstrip("/")
     for suffix, name in _ENDPOINTS:
@@ -154,7 +154,10 @@ def open_exchange(
 
         from ._wire import open_recorder
 
-        parsed = orjson.loads(body) if isinstance(body, bytes | str) else body
+        try:
+            parsed = orjson.loads(body) if isinstance(body, bytes | str) else body
+        except orjson.JSONDecodeError:
+            return None  # not a JSON body: not a call this layer can read
         settings = _context.shim_settings()
         if not isinstance(parsed, dict) or settings is None:
             return None
