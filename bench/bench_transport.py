@@ -17,6 +17,11 @@ they share the machine's drift and load:
 - ``arttrace``: the same, instrumented: the HTTP layer records the call (it reads the JSON or
   the server-sent events on the side and parses them into the record the trajectory keeps).
 
+A last figure is what the hook costs a call it lets pass (the OpenAI SDK path: the shim has
+set ``_context.capturing``, so the layer stands aside): a small ``send`` through the hooked
+httpx against the unhooked one, in thread CPU time (steadier than wall time on a busy machine),
+interleaved.
+
 The figures are per-call wall times (median and 10th percentile over rounds) and two paired
 ratios: ``arttrace / plain`` (what a user of raw httpx pays) and ``arttrace / scopes only``
 (the layer alone). An in-process transport has no network latency, so the ratios are the
@@ -183,6 +188,32 @@ def paired(seconds: dict[str, list[float]], arm: str, base: str) -> float:
     return statistics.median(a / b for a, b in zip(seconds[arm], seconds[base], strict=True))
 
 
+def pass_through(rounds: int, calls: int) -> tuple[float, float]:
+    """Thread CPU µs per ``send`` that the layer lets pass, unhooked and hooked (medians)."""
+    from arttrace.capture import _context
+
+    client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200)))
+    request = client.build_request("POST", URL, json=body(False))
+    figures: dict[bool, list[float]] = {False: [], True: []}
+    token = _context.capturing.set(True)  # as while the shim records an SDK call
+    try:
+        for r in range(rounds * 4):
+            for hooked in (r % 2 == 0, r % 2 == 1):
+                if hooked:
+                    at.instrument()
+                else:
+                    at.uninstrument()
+                start = time.thread_time()
+                for _ in range(calls * 20):
+                    client.send(request)
+                figures[hooked].append((time.thread_time() - start) / (calls * 20))
+    finally:
+        _context.capturing.reset(token)
+        at.uninstrument()
+        client.close()
+    return statistics.median(figures[False]) * 1e6, statistics.median(figures[True]) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, rougher figures")
@@ -229,6 +260,11 @@ def main() -> None:
             f"  {label:<14}{paired(seconds, 'arttrace', 'plain'):>16.2f}"
             f"{paired(seconds, 'arttrace', 'scopes only'):>17.2f}{layer * 1e6:>15.0f}"
         )
+    plain, hooked = pass_through(rounds, calls)
+    print(
+        f"\nA call the layer lets pass (the OpenAI SDK path), thread CPU µs per send: "
+        f"{plain:.1f} unhooked, {hooked:.1f} hooked (+{hooked - plain:.1f})"
+    )
     print(f"\nchecks: {'all passed' if not failures else 'FAILED'}")
     for failure in failures[:10]:
         print(f"  {failure}")
