@@ -40,7 +40,7 @@ def upstream() -> Iterator[str]:
 
 async def test_a_thousand_concurrent_streamed_runs_cross_and_lose_nothing(upstream: str) -> None:
     # Callers on 20 clients: an httpx pool scans all its connections on each request, so one
-    # client with 1,000 streams would spend its time there (the gateway spreads its own too).
+    # client with 1,000 streams would spend its time there.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=RUNS)
     clients = [httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0)) for _ in range(20)]
     async with Gateway(upstream) as gateway:
