@@ -127,7 +127,7 @@ def test_the_arttrace_gateway_command(tmp_path: Path) -> None:
             env={**os.environ, "ARTTRACE_GATEWAY_TOKEN": "gw-secret-42"},
         )
         try:
-            assert process.stdout is not None
+            assert process.stdout is not None and process.stderr is not None
             line = process.stdout.readline()
             assert "listening on http://127.0.0.1:" in line, line or process.stderr.read()
             base = line.split("listening on ")[1].split(" ")[0]
@@ -144,5 +144,6 @@ def test_the_arttrace_gateway_command(tmp_path: Path) -> None:
             out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     assert "stopped" in out and "gw-secret-42" not in out + err
-    (run,) = Journal(tmp_path).finished(0).values()
-    assert run.example_id == "q-7" and run.reward == 0.5 and run.trainable_turns == 1
+    (journaled,) = Journal(tmp_path).finished(0).values()
+    assert journaled.example_id == "q-7" and journaled.reward == 0.5
+    assert journaled.trainable_turns == 1
