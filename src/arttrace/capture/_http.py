@@ -25,7 +25,7 @@ import functools
 import importlib
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -223,6 +223,35 @@ class Exchange:
                 return
             for data in self._events.feed(piece):
                 self.recorder.event(data)
+
+    def pieces(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """``chunks`` (the body's pieces), each passed on as it comes and read on the way;
+        their end, a failure, or the caller stopping early is recorded."""
+        try:
+            for piece in chunks:
+                self.read(piece)
+                yield piece
+        except GeneratorExit:  # the caller stopped reading
+            self.closed()
+            raise
+        except Exception as error:
+            self.failed(error, partial=True)
+            raise
+        self.ended()
+
+    async def apieces(self, chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+        """:meth:`pieces` of an async body."""
+        try:
+            async for piece in chunks:
+                self.read(piece)
+                yield piece
+        except GeneratorExit:  # the caller stopped reading
+            self.closed()
+            raise
+        except Exception as error:
+            self.failed(error, partial=True)
+            raise
+        self.ended()
 
     def ended(self) -> None:
         """The body ended (the caller has it all)."""

@@ -141,18 +141,7 @@ class _SyncTap(httpx.SyncByteStream):
         self.stream, self.exchange = stream, exchange
 
     def __iter__(self) -> Iterator[bytes]:
-        exchange = self.exchange
-        try:
-            for piece in self.stream:
-                exchange.read(piece)
-                yield piece
-        except GeneratorExit:  # the caller stopped reading
-            exchange.closed()
-            raise
-        except Exception as error:
-            exchange.failed(error, partial=True)
-            raise
-        exchange.ended()
+        return self.exchange.pieces(self.stream)
 
     def close(self) -> None:
         try:
@@ -167,19 +156,8 @@ class _AsyncTap(httpx.AsyncByteStream):
     def __init__(self, stream: Any, exchange: Exchange) -> None:
         self.stream, self.exchange = stream, exchange
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        exchange = self.exchange
-        try:
-            async for piece in self.stream:
-                exchange.read(piece)
-                yield piece
-        except GeneratorExit:  # the caller stopped reading
-            exchange.closed()
-            raise
-        except Exception as error:
-            exchange.failed(error, partial=True)
-            raise
-        exchange.ended()
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.exchange.apieces(self.stream)
 
     async def aclose(self) -> None:
         try:

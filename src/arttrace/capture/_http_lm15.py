@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import wrapt
@@ -76,7 +75,7 @@ def _stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> A
     finally:
         _context.capturing.reset(token)
     with guarded("watching a DSPy response", exchange.lost):
-        _watch(exchange, response, _pieces(response._chunks, exchange))
+        _watch(exchange, response, exchange.pieces(response._chunks))
         release = response._release
 
         def released(body_consumed: bool) -> Any:
@@ -107,7 +106,7 @@ async def _do_stream_recorded(wrapped: Any, exchange: Exchange, request: Any) ->
     finally:
         _context.capturing.reset(token)
     with guarded("watching a DSPy response", exchange.lost):
-        _watch(exchange, response, _apieces(response._chunks, exchange))
+        _watch(exchange, response, exchange.apieces(response._chunks))
         release = response._release
 
         async def released(body_consumed: bool) -> Any:
@@ -124,34 +123,6 @@ def _watch(exchange: Exchange, response: Any, pieces: Any) -> None:
     """The response's pieces pass through ``pieces`` (the caller's iteration drives it)."""
     exchange.answered(response.status, response.header("content-type"))
     response._chunks = pieces
-
-
-def _pieces(chunks: Iterator[bytes], exchange: Exchange) -> Iterator[bytes]:
-    try:
-        for piece in chunks:
-            exchange.read(piece)
-            yield piece
-    except GeneratorExit:  # the caller stopped reading
-        exchange.closed()
-        raise
-    except Exception as error:
-        exchange.failed(error, partial=True)
-        raise
-    exchange.ended()
-
-
-async def _apieces(chunks: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:
-    try:
-        async for piece in chunks:
-            exchange.read(piece)
-            yield piece
-    except GeneratorExit:  # the caller stopped reading
-        exchange.closed()
-        raise
-    except Exception as error:
-        exchange.failed(error, partial=True)
-        raise
-    exchange.ended()
 
 
 _HOOKS = ((StdlibTransport, "stream", _stream), (StdlibAsyncTransport, "_do_stream", _do_stream))

@@ -91,18 +91,7 @@ class _Raw(wrapt.ObjectProxy):  # type: ignore[type-arg]
         self._self_exchange = exchange
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[bytes]:
-        exchange = self._self_exchange
-        try:
-            for piece in self.__wrapped__.stream(*args, **kwargs):
-                exchange.read(piece)
-                yield piece
-        except GeneratorExit:  # the caller stopped reading
-            exchange.closed()
-            raise
-        except Exception as error:
-            exchange.failed(error, partial=True)
-            raise
-        exchange.ended()
+        return self._self_exchange.pieces(self.__wrapped__.stream(*args, **kwargs))
 
     def read(self, *args: Any, **kwargs: Any) -> Any:
         exchange = self._self_exchange
