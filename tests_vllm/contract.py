@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import art
@@ -61,6 +62,18 @@ def forced(text: str, **kwargs: Any) -> dict[str, Any]:
         "max_tokens": 200,
         **kwargs,
     }
+
+
+def two_runs(example: str, rollout: Callable[[int], object]) -> list[at.Trajectory]:
+    """Two runs of ``rollout(seed)``, one group with rewards 1 and 0 (so ART gives neither
+    advantage 0 and trains both)."""
+    runs = []
+    for number, reward in enumerate([1.0, 0.0]):
+        with at.trajectory(example, metadata={"run": number}) as t:
+            rollout(number)
+            t.reward = reward
+        runs.append(t)
+    return runs
 
 
 def ask(

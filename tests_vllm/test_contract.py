@@ -27,6 +27,7 @@ from contract import (
     check_recorded_as_sent,
     forced,
     model_name,
+    two_runs,
 )
 from raw import Tee
 
@@ -72,22 +73,20 @@ def run_group(
     stream_first: bool,
     stream_second: bool,
 ) -> list[at.Trajectory]:
-    """Two runs of the agent, rewards 1 and 0 (so ART gives neither advantage 0)."""
-    runs = []
-    for number, reward in enumerate([1.0, 0.0]):
-        with at.trajectory("weather", metadata={"run": number}) as t:
-            messages = weather_agent(
-                client,
-                first,
-                second,
-                stream_first=stream_first,
-                stream_second=stream_second,
-                seed=number,
-            )
-            t.reward = reward
+    """Two runs of the agent (see ``two_runs``)."""
+
+    def rollout(seed: int) -> None:
+        messages = weather_agent(
+            client,
+            first,
+            second,
+            stream_first=stream_first,
+            stream_second=stream_second,
+            seed=seed,
+        )
         assert ANSWER in (messages[-1]["content"] or ""), messages[-1]
-        runs.append(t)
-    return runs
+
+    return two_runs("weather", rollout)
 
 
 @pytest.mark.parametrize(
@@ -129,12 +128,7 @@ def test_n2_samples_are_each_recorded_and_trained(
             for _ in response:
                 pass
 
-    runs = []
-    for number, reward in enumerate([1.0, 0.0]):
-        with at.trajectory("sample", metadata={"run": number}) as t:
-            sampler(number)
-            t.reward = reward
-        runs.append(t)
+    runs = two_runs("sample", sampler)
     pairs = check_recorded_as_sent(runs, tee)
     for call, raw in pairs:
         assert len(call.choices) == len(raw.choices) == 2
@@ -173,8 +167,12 @@ def test_trainable_streams_carry_usage_and_agree_with_it(
         t.reward = 1.0
     ((call, raw),) = check_recorded_as_sent([t], tee)
     assert any(usage is not None for usage in seen) == caller_asks
-    body = tee.completions()[0].body
-    assert (body.get("stream_options") or {}).get("include_usage") is True, body
+    exchange = tee.completions()[0]
+    ending = bytes(exchange.data).decode().rstrip().split("\n\n")[-2:]
+    assert (exchange.body.get("stream_options") or {}).get("include_usage") is True, (
+        f"arttrace did not ask this trainable stream for its usage chunk. Sent: "
+        f"{exchange.body}; the stream ended {ending}; recorded usage: {call.usage}"
+    )
     assert raw.usage is not None and call.usage is not None
     assert call.usage["completion_tokens"] == raw.usage["completion_tokens"]
     assert raw.usage["completion_tokens"] == sum(len(c.token_ids or ()) for c in call.choices)
@@ -185,17 +183,11 @@ def test_trainable_streams_carry_usage_and_agree_with_it(
 def test_reasoning_is_recorded_and_its_tokens_trained(
     client: openai.OpenAI, tee: Tee, tokenizer: Any, stream: bool
 ) -> None:
-    runs = []
-    for number, reward in enumerate([1.0, 0.0]):
-        with at.trajectory("think", metadata={"run": number}) as t:
-            at.trainable(ask)(
-                client,
-                [{"role": "user", "content": QUESTION}],
-                stream=stream,
-                **forced(THINKING + ANSWER, seed=number),
-            )
-            t.reward = reward
-        runs.append(t)
+    def rollout(seed: int) -> None:
+        messages = [{"role": "user", "content": QUESTION}]
+        at.trainable(ask)(client, messages, stream=stream, **forced(THINKING + ANSWER, seed=seed))
+
+    runs = two_runs("think", rollout)
     pairs = check_recorded_as_sent(runs, tee)
     for call, raw in pairs:
         sent = raw.choices[0]
@@ -252,12 +244,7 @@ def test_a_raw_httpx_call_is_recorded_exactly(
             for _ in response.iter_bytes():
                 pass
 
-    runs = []
-    for number, reward in enumerate([1.0, 0.0]):
-        with at.trajectory("raw-httpx", metadata={"run": number}) as t:
-            agent(number)
-            t.reward = reward
-        runs.append(t)
+    runs = two_runs("raw-httpx", agent)
     http.close()
     check_recorded_as_sent(runs, tee)
     check_art_masks_exactly_the_sampled_ids(tokenizer, runs)
