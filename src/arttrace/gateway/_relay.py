@@ -72,6 +72,9 @@ class Upstream:
             connector=aiohttp.TCPConnector(
                 limit=0,
                 ssl=httpx.create_ssl_context(trust_env=False),  # httpx's CA bundle, as before
+                # An idle connection is let go before vLLM's server (uvicorn: 5 s) closes it,
+                # so a call is not sent down a connection the server is closing.
+                keepalive_timeout=4.0,
             ),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=self.timeout, sock_read=self.timeout
