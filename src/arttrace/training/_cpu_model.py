@@ -33,8 +33,9 @@ TINY_QWEN2: dict[str, Any] = {
 """The demo's model: a 2-layer Qwen2 (hidden size 64) over Qwen2.5's 151,665-token vocabulary,
 ~9.9M parameters, nearly all of them the (tied) embedding."""
 
-EMBEDDING_STD = 0.5
-"""The built-in model's embedding init (see :func:`load_policy`)."""
+FROZEN_EMBEDDING_STD = 0.5
+"""The built-in model's embedding init when the embeddings are frozen (see :func:`load_policy`);
+trained ones keep the config's ``initializer_range`` (0.02)."""
 
 TRAIN_BYTES_PER_PARAMETER = 16
 """float32 weights, gradients and AdamW's two moments."""
@@ -232,10 +233,16 @@ def attention_pattern(group_ids: torch.Tensor, parent_ids: torch.Tensor) -> torc
 
 
 def load_policy(
-    model: str | Path | None = None, config: Mapping[str, Any] | None = None, seed: int = 0
+    model: str | Path | None = None,
+    config: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    *,
+    frozen_embeddings: bool = False,
 ) -> Policy:
     """The policy from a local model folder, or a random-weight model from ``config`` (a
-    Qwen2 config's fields over :data:`TINY_QWEN2`) with the offline Qwen2.5 tokenizer."""
+    Qwen2 config's fields over :data:`TINY_QWEN2`) with the offline Qwen2.5 tokenizer.
+    ``frozen_embeddings``: the built-in model's embeddings will not be trained, so they are
+    drawn wider (:data:`FROZEN_EMBEDDING_STD`)."""
     torch.manual_seed(seed)
     if model is not None:
         folder = Path(model)
@@ -266,10 +273,11 @@ def load_policy(
     )
     check_memory(_count_parameters(hf_config), "the configured model")
     weights = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    # Wider embeddings than the usual 0.02: tied logits then separate tokens from the start,
-    # which a model trained with frozen embeddings needs, without being so sharp that every
-    # answer is certain (then GRPO's groups would hold one answer and teach nothing).
-    torch.nn.init.normal_(weights.get_input_embeddings().weight, std=EMBEDDING_STD)
+    if frozen_embeddings:
+        # Frozen tied embeddings must separate tokens from the start, so they are drawn wider
+        # than the usual 0.02. Trained ones keep 0.02: wide ones make the first logits sharp,
+        # and GRPO then collapses onto one answer before it learns (measured on the demo).
+        torch.nn.init.normal_(weights.get_input_embeddings().weight, std=FROZEN_EMBEDDING_STD)
     return Policy(weights, tokenizer)
 
 

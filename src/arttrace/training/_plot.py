@@ -6,11 +6,22 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+TITLE = "arttrace training reward"
 
-def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[str, Any]]) -> None:
+
+def reward_plot(
+    path: Path,
+    steps: list[dict[str, Any]],
+    validations: list[dict[str, Any]],
+    *,
+    title: str = TITLE,
+) -> None:
     """Draw ``metrics.jsonl``-style step records and validation records to ``path`` (PNG).
 
-    Uses matplotlib's object API (no pyplot state), so it may run in a worker thread.
+    Validation points are labelled with their mean, and the title says how validation moved
+    from the first to the last, so the plot reads without the files. ``title`` names the run
+    (the demo puts its task and backend there). Uses matplotlib's object API (no pyplot
+    state), so it may run in a worker thread.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -31,14 +42,20 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
         )
         ax.plot(x, [s["reward_mean"] for s in steps], "o-", color="tab:blue", label="train mean")
     if validations:
-        ax.plot(
-            [v["step"] for v in validations],
-            [v["reward_mean"] for v in validations],
-            "s--",
-            color="tab:red",
-            label="validation mean",
-        )
-    ax.set_xlabel("step")
+        vx = [v["step"] for v in validations]
+        vy = [v["reward_mean"] for v in validations]
+        ax.plot(vx, vy, "s--", color="tab:red", markersize=8, label="validation mean")
+        for x_, y_ in zip(vx, vy, strict=True):
+            ax.annotate(
+                f"{y_:.2f}",
+                (x_, y_),
+                textcoords="offset points",
+                xytext=(0, 9),
+                ha="center",
+                color="tab:red",
+                fontweight="bold",
+            )
+    ax.set_xlabel("step (validation before step 0 and after the last step)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
@@ -63,7 +80,14 @@ def reward_plot(path: Path, steps: list[dict[str, Any]], validations: list[dict[
         handles, labels = handles + more_handles, labels + more_labels
     if handles:
         ax.legend(handles, labels, loc="lower right")
-    ax.set_title("arttrace training reward")
+    ymin, ymax = ax.get_ylim()
+    ax.set_ylim(ymin, ymax + 0.08 * (ymax - ymin))  # room for the validation labels
+    moved = (
+        f"validation {validations[0]['reward_mean']:.2f} → {validations[-1]['reward_mean']:.2f}"
+        if len(validations) > 1
+        else ""
+    )
+    ax.set_title("\n".join(t for t in (title, moved) if t), fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)
