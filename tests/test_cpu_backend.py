@@ -169,7 +169,7 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(t
     customers), shortened: the loss falls, and held-out customers get the house greeting far
     more often than from the untrained policy."""
     torch.manual_seed(0)
-    settings = CPUSettings(examples=4, rollouts=6, steps=5, validation=24)
+    settings = CPUSettings(examples=4, rollouts=6, steps=6, validation=24)
     summary = await run_greeter_demo(tmp_path / "demo", settings=settings)
     metrics = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").open()]
     losses = [m["train/loss"] for m in metrics if "train/loss" in m]
@@ -177,7 +177,7 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(t
     assert summary["val_reward_last"] >= summary["val_reward_step_0"] + 0.2
     assert summary["backend"].startswith("cpu (CPUBackend")
     validations = [json.loads(line) for line in (tmp_path / "demo" / "validation.jsonl").open()]
-    assert [v["step"] for v in validations] == [0, 5] and validations[0]["examples"] == 24
+    assert [v["step"] for v in validations] == [0, 6] and validations[0]["examples"] == 24
 
 
 def test_a_model_folder_without_a_chat_template_is_refused(tmp_path, backend):

@@ -388,9 +388,17 @@ class CPUBackend:
         return sorted(found)
 
     def _save(self, model: Any) -> None:
+        from transformers.utils import logging as hf_logging
+
         folder = self._checkpoint_root(model) / f"{self._step:04d}"
-        with self.policy.lock:
-            self.policy.model.save_pretrained(folder)
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # one "Writing model shards" bar a step is noise
+        try:
+            with self.policy.lock:
+                self.policy.model.save_pretrained(folder)
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
         self.policy.tokenizer.save_pretrained(folder)
         if self._keep is not None:
             for _, old in self._checkpoints(model)[: -self._keep]:

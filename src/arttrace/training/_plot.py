@@ -44,7 +44,7 @@ def reward_plot(
     if validations:
         vx = [v["step"] for v in validations]
         vy = [v["reward_mean"] for v in validations]
-        ax.plot(vx, vy, "s--", color="tab:red", markersize=8, label="validation mean")
+        ax.plot(vx, vy, "s", color="tab:red", markersize=8, label="validation mean")
         for x_, y_ in zip(vx, vy, strict=True):
             ax.annotate(
                 f"{y_:.2f}",
