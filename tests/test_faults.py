@@ -167,10 +167,13 @@ def test_an_unreadable_response_reaches_the_caller_unchanged(instrumented, respx
 def test_an_unreadable_stream_reaches_the_caller_unchanged(instrumented, respx_mock, shape):
     chunks = _chunks(_whole())
     STREAM_SHAPES[shape](chunks)
-    _respond_with(
-        respx_mock,
-        httpx.Response(200, headers={"content-type": "text/event-stream"}, content=_sse(chunks)),
-    )
+
+    def answer(request: httpx.Request) -> httpx.Response:  # the usage chunk only when asked
+        asked = (json.loads(request.content).get("stream_options") or {}).get("include_usage")
+        content = _sse(chunks if asked else chunks[:3])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+
+    respx_mock.post(f"{URL}/chat/completions").mock(side_effect=answer)
 
     def consume() -> list[Any]:
         return [_dump(c) for c in _policy_call(stream=True)]

@@ -4,6 +4,7 @@ real HTTP through the OpenAI SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import warnings
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from qwen import qwen_tokenizer
 
 Serve = Callable[[ScriptedLLM], LLMServer]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+TRAINING_FIELDS = {"logprobs": True, "extra_body": {"return_token_ids": True}}
 TOOL_TURN = Reply("Let me check.", tool_calls=[ToolCall("get_weather", {"city": "Paris"})])
 
 
@@ -242,6 +244,52 @@ def test_a_policy_stream_asks_for_the_usage_chunk_and_the_caller_never_sees_it(
     assert shown(seen) == shown(untouched)
     assert capture.call.usage is not None
     assert capture.call.usage["completion_tokens"] == len(capture.call.choices[0].token_ids)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "stream()"])
+def test_the_shim_checks_a_policy_stream_against_usage_the_caller_never_asked_for(
+    instrumented: None, server: Serve, mode: str
+) -> None:
+    """End to end through the patched SDK, as a user writes it (no ``stream_options``): the
+    stream is checked against the server's usage, and the caller sees the chunks it would
+    have seen without arttrace."""
+
+    def read(llm: ScriptedLLM) -> list[dict[str, Any]]:
+        url = server(llm).base_url
+        kwargs: dict[str, Any] = {"model": "policy", "messages": ASK, **TRAINING_FIELDS}
+        if mode == "async":
+
+            async def consume() -> list[Any]:
+                sdk = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
+                return [c async for c in await sdk.chat.completions.create(**kwargs, stream=True)]
+
+            chunks = asyncio.run(consume())
+        else:
+            sdk = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
+            if mode == "stream()":
+                with sdk.chat.completions.stream(**kwargs) as events:
+                    chunks = [e.chunk for e in events if e.type == "chunk"]
+            else:
+                chunks = list(sdk.chat.completions.create(**kwargs, stream=True))
+        return [
+            {k: v for k, v in c.to_dict().items() if k not in ("id", "created")} for c in chunks
+        ]
+
+    plain = read(ScriptedLLM([TOOL_TURN]))  # the fields arttrace adds, asked for by hand
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with at.trajectory("ex") as t:
+            seen = at.trainable(read)(ScriptedLLM([TOOL_TURN]))
+            lossy = at.trainable(read)(ScriptedLLM([TOOL_TURN], drop_held_back=True))
+    assert seen == plain  # no usage chunk, nothing else changed
+    whole, lost = t.calls
+    assert whole.usage is not None and whole.usage["completion_tokens"] == len(
+        whole.choices[0].token_ids
+    )
+    assert whole.untrainable_reason(whole.choices[0]) is None
+    assert lost.untrainable_reason(lost.choices[0]) == "the stream lost tokens"
+    assert [str(w.message) for w in caught if "lost tokens" in str(w.message)]
+    assert len(lossy) < len(seen)
 
 
 # -- D2: repetition --------------------------------------------------------------------------

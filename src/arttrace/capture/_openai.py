@@ -92,7 +92,9 @@ def wrap(client: _Client, settings: Settings) -> _Client:
 def _recorder_of(cls: type) -> Callable[[dict[str, Any], Settings, Any], _Recorder]:
     if issubclass(cls, Responses | AsyncResponses):
         return lambda kwargs, settings, client: ResponsesCall(kwargs, settings, client, sdk=True)
-    return Capture
+    # A policy stream may ask for the usage chunk (to check every token arrived): the stream
+    # proxies hide it from a caller who did not ask.
+    return lambda kwargs, settings, client: Capture(kwargs, settings, client, hide_usage=True)
 
 
 def _wrapper(
@@ -190,6 +192,16 @@ def _ended(capture: _Recorder) -> None:
         capture.end_stream()
 
 
+def _read(capture: _Recorder, reading: Any, chunk: Any) -> bool:
+    """Record ``chunk``; whether the caller must not see it (the usage chunk arttrace asked for
+    and the caller did not). ``reading`` is the stream's one guard: it runs for every chunk."""
+    hidden = False
+    with reading:
+        hidden = isinstance(capture, Capture) and capture.conceal(chunk)
+        capture.add_chunk(chunk)
+    return hidden
+
+
 def _closed(capture: _Recorder) -> None:
     with guarded("closing a stream", capture.lost):
         capture.abandon(_ABANDONED)
@@ -207,17 +219,17 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         return self
 
     def __next__(self) -> Any:
-        try:
-            chunk = self.__wrapped__.__next__()
-        except StopIteration:
-            _ended(self._self_capture)
-            raise
-        except Exception as error:
-            _failed(self._self_capture, error, partial=True)
-            raise
-        with self._self_reading:  # one guard per stream: it runs for every chunk
-            self._self_capture.add_chunk(chunk)
-        return chunk
+        while True:
+            try:
+                chunk = self.__wrapped__.__next__()
+            except StopIteration:
+                _ended(self._self_capture)
+                raise
+            except Exception as error:
+                _failed(self._self_capture, error, partial=True)
+                raise
+            if not _read(self._self_capture, self._self_reading, chunk):
+                return chunk
 
     def __enter__(self) -> _Stream:
         self.__wrapped__.__enter__()
@@ -248,17 +260,17 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         return self
 
     async def __anext__(self) -> Any:
-        try:
-            chunk = await self.__wrapped__.__anext__()
-        except StopAsyncIteration:
-            _ended(self._self_capture)
-            raise
-        except Exception as error:
-            _failed(self._self_capture, error, partial=True)
-            raise
-        with self._self_reading:  # one guard per stream: it runs for every chunk
-            self._self_capture.add_chunk(chunk)
-        return chunk
+        while True:
+            try:
+                chunk = await self.__wrapped__.__anext__()
+            except StopAsyncIteration:
+                _ended(self._self_capture)
+                raise
+            except Exception as error:
+                _failed(self._self_capture, error, partial=True)
+                raise
+            if not _read(self._self_capture, self._self_reading, chunk):
+                return chunk
 
     async def __aenter__(self) -> _AsyncStream:
         await self.__wrapped__.__aenter__()
