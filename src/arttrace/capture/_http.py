@@ -26,7 +26,6 @@ import importlib
 import sys
 import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
-from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -127,17 +126,20 @@ def endpoint(method: str, path: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
 class _Address:
-    host: str
-    port: int | None
+    __slots__ = ("host", "port")
+
+    def __init__(self, host: str, port: int | None) -> None:
+        self.host, self.port = host, port
 
 
-@dataclass(frozen=True, slots=True)
 class _Server:
     """What a call's span says of the server (``server.address``, ``server.port``)."""
 
-    base_url: _Address
+    __slots__ = ("base_url",)
+
+    def __init__(self, base_url: _Address) -> None:
+        self.base_url = base_url
 
 
 def open_exchange(
