@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 
-import httpx
 import openai
 import pytest
 
@@ -65,17 +67,26 @@ def test_calls_outside_trainable_are_named(url: str, instrumented: None) -> None
     assert "its LLM calls ran outside every @trainable function" in str(warning.message)
 
 
-def test_a_client_arttrace_cannot_see_is_named(url: str, instrumented: None) -> None:
+def test_a_call_arttrace_cannot_see_is_named(url: str, instrumented: None) -> None:
     @at.trainable
-    def agent() -> None:  # raw HTTP: no layer of arttrace sees it yet
-        httpx.post(
-            f"{url}/chat/completions",
-            json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
-        ).raise_for_status()
+    def agent() -> None:  # the model is called from another process: no layer here sees it
+        body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
+        subprocess.run(
+            [sys.executable, "-c", SEND, f"{url}/chat/completions", body], check=True, timeout=60
+        )
 
     [warning] = runs(2, agent)
     assert "no LLM call was seen" in str(warning.message)
     assert "arttrace.Gateway" in str(warning.message)
+
+
+SEND = """
+import sys, urllib.request
+request = urllib.request.Request(
+    sys.argv[1], sys.argv[2].encode(), {"content-type": "application/json"}
+)
+urllib.request.urlopen(request).read()
+"""
 
 
 def test_a_run_with_a_policy_turn_or_without_policy_code_is_quiet(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import sysconfig
 import threading
 import warnings
 
@@ -12,8 +13,22 @@ from ._records import NO_LOGPROBS_INCLUDE_REASONING, TOKENS_MISSING, UNREADABLE
 
 _log = logging.getLogger("arttrace")
 _ARTTRACE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_LAYERS = ("openai", "wrapt")
-"""Packages between the caller and the shim, skipped so the warning points at the caller."""
+_LAYERS = (
+    "openai",
+    "wrapt",
+    "agents",
+    "litellm",
+    "dspy",
+    "httpx",
+    "httpcore",
+    "aiohttp",
+    "requests",
+    "urllib3",
+    "http",
+    "urllib",
+)
+"""Packages between the caller and the capture layers (SDKs, frameworks that send through an
+HTTP client, the clients themselves), skipped so the warning points at the caller."""
 
 _FIXES = {
     "no logprobs": (
@@ -92,11 +107,11 @@ _NOTHING_TO_TRAIN = {
         "the request's model."
     ),
     "no LLM call was seen": (
-        "The agent may call the model through a route arttrace does not see yet (the Responses "
-        "API, which the OpenAI Agents SDK uses by default; LiteLLM's hosted_vllm/ route; DSPy's "
-        "default engine), from another process (use arttrace.Gateway), or a cache answered "
-        "(DSPy's or a framework's). Call the model through the OpenAI SDK's Chat Completions "
-        "or a supported framework (LangChain, LlamaIndex, Google ADK), with caches off."
+        "The agent may call the model from another process (point it at an arttrace.Gateway "
+        "run URL), over a transport arttrace does not hook (the OpenAI Agents SDK's Responses "
+        "websocket; an HTTP client other than httpx, aiohttp, requests or the standard "
+        "library's), or a cache answered (DSPy's or a framework's: turn caches off for "
+        "rollouts)."
     ),
 }
 
@@ -138,11 +153,16 @@ def _warn_once(key: tuple[str, str], message: str, category: type[Warning]) -> N
 
 
 def _internal() -> tuple[str, ...]:
+    """arttrace's folder and the installed packages of ``_LAYERS`` (an application's own module
+    named ``agents`` or ``http`` is the caller, not a layer)."""
+    installed = tuple({sysconfig.get_path(k) for k in ("purelib", "platlib", "stdlib")})
     loaded = (sys.modules.get(name) for name in _LAYERS)
-    return (
-        _ARTTRACE,
-        *(os.path.dirname(m.__file__) for m in loaded if m is not None and m.__file__),
+    folders = (
+        os.path.dirname(m.__file__)
+        for m in loaded
+        if m is not None and m.__file__ and hasattr(m, "__path__")
     )
+    return (_ARTTRACE, *(f + os.sep for f in folders if f.startswith(installed)))
 
 
 def reset() -> None:
