@@ -37,15 +37,18 @@ LARGER = {
 MESSAGES = [{"role": "user", "content": "Write a short story about a lighthouse."}]
 
 
-async def measure(name: str, config: dict[str, Any] | None, threads: int, root: Path) -> None:
-    backend = at.CPUBackend(config=config, threads=threads)
+async def measure(
+    name: str, config: dict[str, Any] | None, threads: int, root: Path, frozen: bool
+) -> None:
+    """``frozen``: embeddings frozen, as the demo trains its model."""
+    backend = at.CPUBackend(config=config, threads=threads, train_embeddings=not frozen)
     model: art.TrainableModel[Any] = art.TrainableModel(
         name="bench", project="bench", base_model="tiny", run_name=name, base_path=str(root)
     )
     await model.register(backend)
     client = openai.AsyncOpenAI(base_url=model.inference_base_url, api_key="x")
     policy = backend.policy
-    print(f"\n{name}: {policy.parameters / 1e6:.1f}M parameters")
+    print(f"\n{name}: {policy.parameters / 1e6:.1f}M parameters, embeddings frozen: {frozen}")
 
     prompt = backend._server.chat.prompt(MESSAGES, None)  # type: ignore[union-attr]
     for n in (1, 8):
@@ -101,12 +104,12 @@ async def measure(name: str, config: dict[str, Any] | None, threads: int, root: 
 
 async def demo_step(steps: int, root: Path) -> None:
     """The demo's own run, shortened: where a step's time goes."""
-    from arttrace.app._review_demo import CPUSettings, run_review_demo
+    from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
 
     settings = CPUSettings(steps=steps)
-    summary = await run_review_demo(root / "demo", settings=settings)
+    summary = await run_greeter_demo(root / "demo", settings=settings)
     print(
-        f"\ndemo ({steps} steps of {settings.examples} reviews x {settings.rollouts} runs): "
+        f"\ndemo ({steps} steps of {settings.examples} customers x {settings.rollouts} runs): "
         f"warm-up {summary['warm_up_seconds']:.1f} s; per step rollouts "
         f"{summary['rollout_seconds'] / steps:.2f} s, training "
         f"{summary['train_seconds'] / steps:.2f} s; whole run {summary['seconds']:.0f} s "
@@ -123,8 +126,8 @@ def main() -> int:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        asyncio.run(measure("demo model", None, args.threads, root))
-        asyncio.run(measure("larger model", LARGER, args.threads, root))
+        asyncio.run(measure("demo model", None, args.threads, root, frozen=True))
+        asyncio.run(measure("larger model", LARGER, args.threads, root, frozen=False))
         asyncio.run(demo_step(args.steps, root))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
