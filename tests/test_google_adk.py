@@ -9,8 +9,8 @@ import warnings
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-import httpx
 import pytest
+import urllib3
 import wrapt
 from google.adk.agents import LlmAgent
 from google.adk.agents.run_config import RunConfig, StreamingMode
@@ -449,7 +449,7 @@ async def test_the_plugin_alone_records_untrainable_turns_and_warns_once(server:
     _warnings.reset()
     (warning,) = [w for w in caught if issubclass(w.category, at.UntrainableTurnWarning)]
     assert "call arttrace.instrument()" in str(warning.message)
-    assert "LiteLlm(model='openai/" in str(warning.message)
+    assert "'openai/<served name>'" in str(warning.message)
     assert [(c.source, c.trainable, c.prompt_token_ids) for c in t.calls] == [
         ("google_adk", True, None)
     ] * 2
@@ -474,31 +474,10 @@ async def test_the_plugin_alone_records_untrainable_turns_and_warns_once(server:
     assert t.to_art().tools == llm.requests[0]["tools"]
 
 
-async def test_a_litellm_route_outside_the_openai_sdk_warns_with_the_fix(
-    instrumented: None, server: Serve
-) -> None:
-    """LiteLLM's hosted_vllm route posts with httpx, not the OpenAI SDK: the shim cannot see
-    it, so the turn is context only, and the warning names the route that works."""
-    llm = ScriptedLLM([Reply("3.")])
-    runner = InMemoryRunner(
-        agent=calc_agent(server(llm).base_url, model="hosted_vllm/policy"), app_name="app"
-    )
-
-    @at.trainable
-    async def solve() -> None:
-        await ask(runner, await new_session(runner), "1+2?")
-
-    with pytest.warns(at.UntrainableTurnWarning, match="does not reach the server through"):
-        async with at.trajectory("vllm-route") as t:
-            await solve()
-    (call,) = t.calls
-    assert (call.source, call.model, call.trainable) == ("google_adk", "policy", True)
-    assert call.choices[0].message == {"role": "assistant", "content": "3."}
-
-
-class HttpxModel(BaseLlm):
-    """A model provider outside the OpenAI SDK that reports logprobs the way ADK's Gemini
-    model does (``LlmResponse.logprobs_result``); it posts to the scripted server with httpx."""
+class UnseenModel(BaseLlm):
+    """A model provider arttrace cannot see below ADK (it posts with urllib3 directly, a client
+    arttrace does not hook) that reports logprobs the way ADK's Gemini model does
+    (``LlmResponse.logprobs_result``)."""
 
     base_url: str = ""
     served: list[dict[str, Any]] = Field(default_factory=list)
@@ -508,10 +487,12 @@ class HttpxModel(BaseLlm):
     ) -> AsyncGenerator[LlmResponse, None]:
         text = llm_request.contents[-1].parts[0].text
         body = {"model": self.model, "messages": [{"role": "user", "content": text}]}
-        async with httpx.AsyncClient() as client:
-            reply = await client.post(
-                f"{self.base_url}/chat/completions", json=body | {"logprobs": True}
-            )
+        reply = await asyncio.to_thread(
+            urllib3.PoolManager().request,
+            "POST",
+            f"{self.base_url}/chat/completions",
+            json=body | {"logprobs": True},
+        )
         choice = reply.json()["choices"][0]
         self.served = choice["logprobs"]["content"]
         yield LlmResponse(
@@ -537,7 +518,7 @@ async def test_logprobs_adk_keeps_are_recorded_and_the_missing_token_ids_warned(
 ) -> None:
     """A model outside the OpenAI SDK: its logprobs (Gemini's logprobs_result) are kept, the
     turn is context only (no prompt token ids), and the warning says which route works."""
-    model = HttpxModel(
+    model = UnseenModel(
         model="policy", base_url=server(ScriptedLLM([Reply("Hello there.")])).base_url
     )
     runner = InMemoryRunner(agent=LlmAgent(name="greeter", model=model), app_name="app")
@@ -546,7 +527,7 @@ async def test_logprobs_adk_keeps_are_recorded_and_the_missing_token_ids_warned(
     async def greet() -> None:
         await ask(runner, await new_session(runner), "hi")
 
-    with pytest.warns(at.UntrainableTurnWarning, match=r"no token ids.*not reach the server"):
+    with pytest.warns(at.UntrainableTurnWarning, match=r"no token ids.*does not see this ADK"):
         async with at.trajectory("gemini-like") as t:
             await greet()
     (call,) = t.calls

@@ -67,11 +67,11 @@ FRAMEWORK = "google_adk"
 _FIX = Fix(
     "Google ADK",
     route=(
-        "LiteLlm(model='openai/<served name>', api_base='<vLLM server>/v1') (LiteLLM's "
-        "'openai/' route goes through the OpenAI SDK)"
+        "LiteLlm(model='hosted_vllm/<served name>' or 'openai/<served name>', "
+        "api_base='<vLLM server>/v1') (arttrace sees LiteLLM's HTTP requests)"
     ),
 )
-_WHY = "this ADK model does not reach the server through the OpenAI SDK"
+_WHY = "arttrace does not see this ADK model's requests to the server"
 _guarded = guard_async("the Google ADK plugin")
 
 # Finish reasons: Gemini's names to OpenAI's (ADK reports STOP for tool calls too).
