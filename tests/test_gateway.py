@@ -207,6 +207,21 @@ def test_the_gateways_upstream_calls_are_not_recorded_again_by_the_http_client_l
     assert t.trainable_turns == 2
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_call_to_the_gateway_from_inside_the_run_is_recorded_once(
+    instrumented: None, stream: bool
+) -> None:
+    # An agent in this process, inside the run and its @trainable code, with instrument() on:
+    # the HTTP-client layer sees the call to the gateway and leaves it to the gateway.
+    upstream = RecordingUpstream(calculator())
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        got = at.trainable(run_calculator)(client, gateway.url(t), stream=stream)
+        t.reward = 1.0
+    assert got == [e.answered for e in upstream.exchanges]
+    assert [(c.source, c.agent, c.trainable) for c in t.calls] == [("openai", "gateway", True)] * 2
+    assert t.trainable_turns == 2
+
+
 def test_only_the_runs_policy_model_is_trained() -> None:
     upstream = RecordingUpstream()
     with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:

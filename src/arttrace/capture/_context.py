@@ -61,3 +61,22 @@ def shim_settings() -> Settings | None:
 def set_shim_settings(settings: Settings | None) -> None:
     global _shim
     _shim = settings
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"})
+_recording_servers: set[int] = set()
+"""Ports of this process's servers that record their own calls (an ``arttrace.Gateway``):
+an HTTP client in this process calling one is not recorded a second time below it."""
+
+
+def add_recording_server(port: int) -> None:
+    _recording_servers.add(port)
+
+
+def remove_recording_server(port: int) -> None:
+    _recording_servers.discard(port)
+
+
+def records_itself(host: str | None, port: int | None) -> bool:
+    """Whether a request to ``host:port`` reaches a server of this process that records it."""
+    return port in _recording_servers and (host or "").strip("[]") in _LOOPBACK

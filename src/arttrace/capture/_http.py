@@ -150,8 +150,8 @@ def open_exchange(
     the caller's). ``None`` when the body is not a JSON object or arttrace failed (the call
     then passes untouched; the failure is logged)."""
     with guarded("starting the record of an HTTP call"):
-        if not body:
-            return None
+        if not body or _context.records_itself(host, port):
+            return None  # no JSON to read, or an arttrace.Gateway here records the call
         import orjson
 
         from ._wire import open_recorder

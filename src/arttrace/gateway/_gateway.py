@@ -12,6 +12,7 @@ import anyio.to_thread
 
 from .._asgi_server import ServerThread
 from .._errors import ConfigurationError, UsageError
+from ..capture import _context
 from ..capture._trajectory import Trajectory
 from ._app import GatewayApp
 from ._relay import Upstream
@@ -97,12 +98,14 @@ class Gateway:
             self.runs.shutdown()
             raise
         self._state = _State.OPENED
+        _context.add_recording_server(self._server.address[1])
         return self
 
     def stop(self) -> None:
         """Stop serving: calls in flight are cut, runs still open over HTTP are not journaled."""
         if self._state is _State.OPENED:
             assert self._server is not None
+            _context.remove_recording_server(self._server.address[1])
             self._server.stop()
             self.runs.shutdown()
         self._state = _State.CLOSED
