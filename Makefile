@@ -49,6 +49,7 @@ bench: setup-test
 	$(BIN)/python bench/bench_import.py
 	$(BIN)/python bench/bench_capture.py
 	$(BIN)/python bench/bench_trainer.py
+	$(BIN)/python bench/bench_transport.py --quick
 	$(BIN)/python bench/bench_gateway.py --quick
 
 # After changing dependencies in pyproject.toml.

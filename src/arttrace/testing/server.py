@@ -80,6 +80,7 @@ def serve(llm: ScriptedLLM | None = None, port: int = 0) -> LLMServer:
 def _handler(routes: dict[str, Route]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # each streamed chunk leaves at once, as vLLM's do
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
