@@ -178,6 +178,8 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(t
     assert summary["backend"].startswith("cpu (CPUBackend")
     validations = [json.loads(line) for line in (tmp_path / "demo" / "validation.jsonl").open()]
     assert [v["step"] for v in validations] == [0, 6] and validations[0]["examples"] == 24
+    checkpoints = tmp_path / "demo" / ".art" / "arttrace-demo" / "models" / "demo" / "checkpoints"
+    assert len(list(checkpoints.iterdir())) == 1  # the demo keeps the latest only
 
 
 def test_a_model_folder_without_a_chat_template_is_refused(tmp_path, backend):
