@@ -22,9 +22,10 @@ $(UV):
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
 
-# The package and its core dependencies, as locked; keeps what `make test` added.
+# The package with the CPU backend the demo trains on (torch, transformers), as locked; keeps
+# what `make test` added.
 setup: $(UV)
-	$(UV) sync --locked --inexact
+	$(UV) sync --locked --inexact --extra cpu
 
 # Everything the tests, lint and docs need, as locked; `pip check` must be clean.
 setup-test: $(UV)
