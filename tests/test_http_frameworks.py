@@ -157,7 +157,8 @@ async def test_a_rollout_answered_by_dspys_cache_records_nothing_and_warns(
             assert solve() == "3"  # the same prompt: DSPy's cache answers
     assert repeat.calls == [] and len(llm.requests) == 1
     (warning,) = [w for w in caught if issubclass(w.category, at.NothingToTrainWarning)]
-    assert "cache" in str(warning.message)
+    assert "(DSPy's cache answered)" in str(warning.message)
+    assert "dspy.LM(..., cache=False)" in str(warning.message)
 
 
 # -- SDKs built on the OpenAI SDK --------------------------------------------------------------

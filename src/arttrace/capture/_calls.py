@@ -168,12 +168,23 @@ class CallLog:
     await) is not recorded, and this is logged once.
     """
 
-    __slots__ = ("_dropped", "_frozen", "_lock", "_open", "name", "policy_ran", "records")
+    __slots__ = (
+        "_dropped",
+        "_frozen",
+        "_lock",
+        "_open",
+        "cache_answered",
+        "name",
+        "policy_ran",
+        "records",
+    )
 
     def __init__(self, name: str = "") -> None:
         self.name = name
         self.policy_ran = False
         """A ``@trainable`` function ran in this run (so it should record a policy turn)."""
+        self.cache_answered: str | None = None
+        """Whose cache answered a call in this run (``"DSPy's"``), when a hook noticed."""
         self._lock = threading.Lock()
         self._open: set[OpenCall] = set()
         self._frozen = False

@@ -124,6 +124,8 @@ class Trajectory:
             cause = "its LLM calls ran outside every @trainable function"
         elif _context.shim_settings() is None:
             cause = "arttrace.instrument() was not called"
+        elif log.cache_answered is not None:
+            cause = f"{log.cache_answered} cache answered"
         else:
             cause = "no LLM call was seen"
         warn_nothing_to_train(self.example_id, cause)

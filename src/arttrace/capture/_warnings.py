@@ -106,6 +106,10 @@ _NOTHING_TO_TRAIN = {
         "tasks and threads it starts count too); with @trainable(model=...), the name must be "
         "the request's model."
     ),
+    "DSPy's cache answered": (
+        "A cached answer has no tokens to train on, and every repeat of a prompt is answered "
+        "from the cache: turn it off for rollouts, dspy.LM(..., cache=False)."
+    ),
     "no LLM call was seen": (
         "The agent may call the model from another process (point it at an arttrace.Gateway "
         "run URL), over a transport arttrace does not hook (the OpenAI Agents SDK's Responses "

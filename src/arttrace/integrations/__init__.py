@@ -2,7 +2,8 @@
 
 :func:`arttrace.instrument` hooks every framework that is installed, as soon as the
 application imports it: ``langchain`` (LangChain and LangGraph), ``llama_index``,
-``google_adk`` and ``openai_agents`` (the OpenAI Agents SDK). Each module also offers its hook
+``google_adk``, ``openai_agents`` (the OpenAI Agents SDK) and ``dspy`` (which only notes
+answers from DSPy's cache: its calls are recorded below it). Each module also offers its hook
 for explicit use. Every integration module has ``install()`` and ``uninstall()`` (idempotent),
 which this package calls.
 """
@@ -22,6 +23,7 @@ FRAMEWORKS = {
     "llama_index": "llama_index.core",
     "google_adk": "google.adk",
     "openai_agents": "agents",
+    "dspy": "dspy.clients.cache",
 }
 """Integration module -> the framework module whose import triggers it."""
 
