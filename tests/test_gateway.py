@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -377,13 +378,32 @@ def test_a_caller_that_hangs_up_mid_stream_closes_the_upstream_call() -> None:
         for _ in range(200):
             if t.call_log.in_flight == 0 and exchange.hung_up.is_set():
                 break
-            import time
-
             time.sleep(0.01)
         assert exchange.hung_up.is_set()
     (call,) = t.calls
     assert call.partial and call.error == "the caller disconnected before the response ended"
     assert len(exchange.answer) < 100
+
+
+def test_a_caller_that_hangs_up_before_the_answer_starts_marks_the_call() -> None:
+    upstream = RecordingUpstream(think=1.0)
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t:
+        with httpx.Client(timeout=0.2) as client, pytest.raises(httpx.ReadTimeout):
+            body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+            client.post(f"{gateway.url(t)}/chat/completions", json={**body, "stream": True})
+        for _ in range(100):
+            if t.call_log.in_flight == 0:
+                break
+            time.sleep(0.01)
+    (call,) = t.calls
+    assert call.partial and call.error == "the caller disconnected before the response ended"
+
+
+def test_other_methods_on_a_runs_api_are_refused() -> None:
+    with gateway_to(RecordingUpstream()) as gateway, at.trajectory("q-1") as t:
+        response = httpx.request("OPTIONS", f"{gateway.url(t)}/chat/completions")
+    assert response.status_code == 405
+    assert "OPTIONS is not relayed" in response.json()["error"]["message"]
 
 
 def test_the_gateways_token_and_the_callers_key() -> None:

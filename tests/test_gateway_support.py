@@ -39,10 +39,16 @@ class Exchange:
 
 class RecordingUpstream:
     def __init__(
-        self, llm: ScriptedLLM | None = None, *, delay: float = 0.0, fail: Failure | None = None
+        self,
+        llm: ScriptedLLM | None = None,
+        *,
+        delay: float = 0.0,
+        fail: Failure | None = None,
+        think: float = 0.0,
     ) -> None:
+        """``delay``: seconds between a stream's chunks; ``think``: before any answer."""
         self.llm = llm or ScriptedLLM()
-        self.delay, self.fail = delay, fail
+        self.delay, self.fail, self.think = delay, fail, think
         self.exchanges: list[Exchange] = []
         self._server = ServerThread(self, "127.0.0.1", 0, name="the test upstream")
 
@@ -74,6 +80,7 @@ class RecordingUpstream:
         request = json.loads(body) if body else {}
         exchange = Exchange(scope["path"], headers, request)
         self.exchanges.append(exchange)
+        await asyncio.sleep(self.think)
         failure = self.fail(headers, request) if self.fail else None
         if failure is not None:
             await self._whole(send, exchange, *failure)

@@ -27,6 +27,7 @@ from ._guard import guarded
 from ._records import LLMCall
 from ._redact import UpstreamError, excerpt
 from ._responses import ResponsesCall
+from ._responses import with_training_fields as responses_training_fields
 
 
 class Recorder(Protocol):
@@ -54,13 +55,24 @@ def open_recorder(
     elif path == "completions":
         recorder = CompletionsCall(body, settings, server)
     else:
-        policy = _context.policy_scope(str(body.get("model", ""))) is not None
-        if policy and settings.request_training_data:
-            body = training_fields(body)
+        body = body_to_send(path, body, settings)
         as_sent = Settings(request_training_data=False, export_tokens=settings.export_tokens)
         recorder = _ChatCall(Capture(body, as_sent, server))
     recorder.call.source = source
     return recorder, body
+
+
+def body_to_send(path: str, body: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """What :func:`open_recorder` sends for a call to ``path`` in the current context, without
+    opening the record (the gateway sends first and records while the upstream works); open
+    the record of what was sent with ``request_training_data=False``."""
+    if not settings.request_training_data or path not in ("chat/completions", "responses"):
+        return body
+    if _context.policy_scope(str(body.get("model", ""))) is None:
+        return body
+    if path == "responses":
+        return responses_training_fields(body, sdk=False)
+    return training_fields(body)
 
 
 def training_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ one forward instead of one per chunk (``bench/bench_gateway.py``: 10 ms of the g
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -118,7 +120,9 @@ class _State:
 
 class Relay(Response):
     """The ASGI answer to one forwarded call: sends the request upstream when called, then
-    forwards the upstream's answer while ``recorder`` (if any) records it."""
+    forwards the upstream's answer while the record ``open_record`` opens (if any) records it.
+    The record is opened once the request has gone out, while the upstream works on it, so
+    opening it adds nothing to the caller's wait."""
 
     def __init__(
         self,
@@ -127,11 +131,12 @@ class Relay(Response):
         url: URL,
         headers: CIMultiDict[str],
         body: bytes,
-        recorder: Recorder | None,
+        open_record: Callable[[], Recorder] | None,
     ) -> None:
         self.upstream, self.method, self.url = upstream, method, url
         self.upstream_headers, self.body = headers, body
-        self.recorder = recorder
+        self.open_record = open_record
+        self.recorder: Recorder | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = _State()
@@ -145,14 +150,21 @@ class Relay(Response):
     async def _forward(self, send: Send, state: _State) -> None:
         session = self.upstream.session
         assert session is not None, "the gateway's server has not started"
-        try:
-            answer = await session.request(
+        request = asyncio.ensure_future(
+            session.request(
                 self.method,
                 self.url,
                 headers=self.upstream_headers,
                 data=self.body if self.body or self.method != "GET" else None,
                 allow_redirects=False,
             )
+        )
+        try:
+            if self.open_record is not None:
+                await asyncio.sleep(0)  # the request goes out (or starts to connect) first
+                with guarded("the gateway opening a call's record"):
+                    self.recorder = self.open_record()
+            answer = await request
         except _UPSTREAM_FAILED as error:
             self._record("failed", error, partial=False)
             state.answered = True
@@ -163,6 +175,9 @@ class Relay(Response):
                 _unreachable(self.upstream.base_url, redact(repr(error))),
             )
             return
+        except BaseException:  # the caller hung up before the answer came
+            _let_go(request)
+            raise
         try:
             headers = [(k, v) for k, v in answer.raw_headers if k.lower() not in _NOT_RETURNED]
             streamed = answer.status < 300 and (answer.content_type == "text/event-stream")
@@ -196,6 +211,14 @@ class Relay(Response):
         if self.recorder is not None:
             with guarded(f"the gateway recording a call ({what})"):
                 getattr(self.recorder, what)(*args, **kwargs)
+
+
+def _let_go(request: asyncio.Future[aiohttp.ClientResponse]) -> None:
+    """Stop an upstream request no one will read: cancel it, or close the answer it has."""
+    if not request.done():
+        request.cancel()
+    elif not request.cancelled() and request.exception() is None:
+        request.result().close()
 
 
 async def _watch_hang_up(receive: Receive, scope: anyio.CancelScope, state: _State) -> None:

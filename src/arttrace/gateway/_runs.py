@@ -21,7 +21,8 @@ import contextvars
 import secrets
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from ..capture import _context
 from ..capture._calls import Settings
 from ..capture._context import TrainableScope
 from ..capture._trajectory import Trajectory, check_reward
-from ..capture._wire import Recorder, open_recorder
+from ..capture._wire import Recorder, body_to_send, open_recorder
 
 if TYPE_CHECKING:
     from ..training._journal import Journal
@@ -73,17 +74,28 @@ class Run:
     step: int = 0
     slot: tuple[int, int] = (0, 0)
 
-    def open_recorder(
-        self, path: str, body: dict[str, Any], server: Any
-    ) -> tuple[Recorder, dict[str, Any]]:
-        """The record of a call to ``path`` in this run (its trajectory, its policy scope), and
-        the body to send upstream."""
+    def body_to_send(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` for the upstream: on a policy call, asking for the exact tokens (unless the
+        run's options say not to)."""
+        with self._entered():
+            settings = Settings(self.options.request_training_data, self.options.export_tokens)
+            return body_to_send(path, body, settings)
+
+    def open_recorder(self, path: str, sent: dict[str, Any], server: Any) -> Recorder:
+        """The record of a call to ``path`` in this run (its trajectory, its policy scope), made
+        with ``sent``, the body from :meth:`body_to_send`."""
+        with self._entered():
+            settings = Settings(False, self.options.export_tokens)  # asked for in `sent`
+            return open_recorder(path, sent, settings, server)[0]
+
+    @contextmanager
+    def _entered(self) -> Iterator[None]:
+        """This run's context: its trajectory, its policy scope, its span."""
         trajectory = _context.current_trajectory_var.set(self.trajectory)
         scopes = _context.trainable_scopes.set((self.options.scope,))
         attached = otel_context.attach(self.otel) if self.otel is not None else None
         try:
-            settings = Settings(self.options.request_training_data, self.options.export_tokens)
-            return open_recorder(path, body, settings, server)
+            yield
         finally:
             if attached is not None:
                 otel_context.detach(attached)
