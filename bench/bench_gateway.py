@@ -3,6 +3,7 @@
     python bench/bench_gateway.py                       # ~2-3 minutes on 2 idle cores
     python bench/bench_gateway.py --quick               # fewer calls, rougher figures
     python bench/bench_gateway.py --concurrency 1000    # the high-concurrency round's size
+    python bench/bench_gateway.py --pace-ms 2           # the upstream sends a chunk every 2 ms
 
 Three processes, as in use: the upstream (arttrace's scripted vLLM-like model, served as vLLM
 serves, by uvicorn on loopback: one event loop, not a thread per connection, so 1,000 streams
@@ -17,6 +18,11 @@ Reported, each block with the load average beside it:
 
 (a) time to first byte and to last byte, p50 and p99, direct and through the gateway, at 1
     stream and at ``--concurrency`` streams at once; the added latency is gateway - direct.
+    At 1 stream a third arm, the floor, forwards with the gateway's parts and records nothing
+    (:class:`Floor`): what any Python proxy adds here, so the gateway's own share shows.
+    The upstream streams as fast as it can by default, a core's worth of work beside the
+    caller's and the gateway's on a 2-core machine; ``--pace-ms`` spaces its chunks as a
+    real server's decoding does.
     The fastest call of each arm (min) shows what a call costs when no neighbour delays it.
     Targets at 1 stream: p50 added <= 1 ms, p99 added <= 5 ms. Calls that fail are counted
     per arm, with their errors, and left out of the percentiles.
@@ -42,9 +48,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 import arttrace as at
+from arttrace._asgi_server import ServerThread
 from arttrace.gateway import Gateway
 
 TOKENS, LONG = 64, 256
@@ -53,6 +61,7 @@ LONG_CONTENT = " ".join(f"w{i}" for i in range(LONG // 2))
 TARGET_P50_MS, TARGET_P99_MS, TARGET_BYTES = 1.0, 5.0, 32.0
 UPSTREAM = f"""
 import asyncio, json, sys
+PACE = float(sys.argv[1])
 from arttrace._asgi_server import ServerThread
 from arttrace.testing import ScriptedLLM
 
@@ -83,7 +92,7 @@ async def app(scope, receive, send):
     await send({{"type": "http.response.start", "status": 200, "headers": headers}})
     for chunk in chunks:
         await send({{"type": "http.response.body", "body": chunk, "more_body": True}})
-        await asyncio.sleep(0)  # one token at a time, streams interleaved, as a server samples
+        await asyncio.sleep(PACE)  # one token at a time, streams interleaved, as a server samples
     await send({{"type": "http.response.body", "body": b""}})
 
 server = ServerThread(app, "127.0.0.1", 0, name="the scripted upstream")
@@ -106,6 +115,47 @@ streams on one client would time that scan rather than the calls."""
 
 Timing = tuple[float, float]
 """Seconds to the first body byte and to the last."""
+
+
+class Floor:
+    """Forwarding alone, with the gateway's parts (uvicorn with httptools, an aiohttp client)
+    and nothing else: no run, no record. What it adds is what any Python proxy adds on this
+    machine; the gateway's own cost is what it adds beyond that."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.session: aiohttp.ClientSession | None = None
+        self.server = ServerThread(self, "127.0.0.1", 0, name="the floor proxy")
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.address
+        return f"http://{host}:{port}/v1"
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                self.session = aiohttp.ClientSession(auto_decompress=False)
+                await send({"type": "lifespan.startup.complete"})
+            assert self.session is not None
+            await self.session.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        assert self.session is not None
+        path = scope["path"].removeprefix("/v1")
+        headers = {"content-type": "application/json"}
+        async with self.session.post(self.upstream + path, data=body, headers=headers) as answer:
+            start = [(b"content-type", answer.content_type.encode())]
+            await send({"type": "http.response.start", "status": answer.status, "headers": start})
+            while piece := await answer.content.readany():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
 
 # -- the caller (its own process) -------------------------------------------------------------
@@ -224,28 +274,32 @@ def load() -> str:
     return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
 
 
-def report(name: str, direct: list[Timing | str], via: list[Timing | str]) -> None:
-    print(f"\n{name}: {len(direct)} calls per arm, ms; {load()}")
+def report(name: str, arms: dict[str, list[Timing | str]]) -> None:
+    """``arms``: ``direct`` and ``gateway``, and maybe ``floor`` (:class:`Floor`)."""
+    print(f"\n{name}: {len(arms['direct'])} calls per arm, ms; {load()}")
     ok: dict[str, list[Timing]] = {}
-    for arm, results in (("direct", direct), ("gateway", via)):
+    for arm, results in arms.items():
         ok[arm] = [r for r in results if not isinstance(r, str)]
         failed = Counter(r for r in results if isinstance(r, str))
         if failed:
             print(f"  {arm}: {sum(failed.values())} of {len(results)} calls FAILED (left out):")
             for why, count in failed.most_common(5):
                 print(f"    {count} x {why}")
-    if not ok["direct"] or not ok["gateway"]:
+    if not all(ok.values()):
         print("  no figures: an arm has no successful call")
         return
     print(f"  {'':22}{'min':>10}{'p50':>10}{'p99':>10}")
     added = {}
     for k, label in ((0, "first byte"), (1, "last byte")):
-        d, g = [x[k] * 1e3 for x in ok["direct"]], [x[k] * 1e3 for x in ok["gateway"]]
+        d = [x[k] * 1e3 for x in ok["direct"]]
         print(f"  {label + ', direct':22}{min(d):10.2f}{pct(d, 50):10.1f}{pct(d, 99):10.1f}")
-        print(f"  {label + ', gateway':22}{min(g):10.2f}{pct(g, 50):10.1f}{pct(g, 99):10.1f}")
-        added[label] = (pct(g, 50) - pct(d, 50), pct(g, 99) - pct(d, 99))
-        row = (min(g) - min(d), *added[label])
-        print(f"  {label + ', added':22}" + "".join(f"{x:10.2f}" for x in row))
+        for arm in (a for a in ok if a != "direct"):
+            g = [x[k] * 1e3 for x in ok[arm]]
+            print(f"  {f'{label}, {arm}':22}{min(g):10.2f}{pct(g, 50):10.1f}{pct(g, 99):10.1f}")
+            row = (min(g) - min(d), pct(g, 50) - pct(d, 50), pct(g, 99) - pct(d, 99))
+            print(f"  {f'  added by {arm}':22}" + "".join(f"{x:10.2f}" for x in row))
+            if arm == "gateway":
+                added[label] = row[1:]
     if name.startswith("1 stream"):
         for label, (p50, p99) in added.items():
             verdict = "PASS" if p50 <= TARGET_P50_MS and p99 <= TARGET_P99_MS else "MISS"
@@ -256,18 +310,19 @@ def report(name: str, direct: list[Timing | str], via: list[Timing | str]) -> No
 
 
 async def sequential(
-    caller: Caller, upstream: str, gateway: Gateway, calls: int
-) -> tuple[list[Timing | str], list[Timing | str]]:
-    direct: list[Timing | str] = []
-    via: list[Timing | str] = []
-    for i in range(calls):  # alternate, so both arms see the same drift
-        if i % 2:
-            via += await through_gateway(caller, gateway, 1)
-            direct += await caller.calls([upstream])
-        else:
-            direct += await caller.calls([upstream])
-            via += await through_gateway(caller, gateway, 1)
-    return direct, via
+    caller: Caller, upstream: str, gateway: Gateway, floor: Floor, calls: int
+) -> dict[str, list[Timing | str]]:
+    """``calls`` calls per arm, one at a time, the arms taking turns in a rotating order, so
+    all see the same drift."""
+    arms: dict[str, list[Timing | str]] = {"direct": [], "gateway": [], "floor": []}
+    order = list(arms)
+    for i in range(calls):
+        for arm in order[i % 3 :] + order[: i % 3]:
+            if arm == "gateway":
+                arms[arm] += await through_gateway(caller, gateway, 1)
+            else:
+                arms[arm] += await caller.calls([upstream if arm == "direct" else floor.url])
+    return arms
 
 
 async def concurrent(
@@ -316,32 +371,39 @@ async def memory(caller: Caller, gateway: Gateway, calls: int) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-c", UPSTREAM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", UPSTREAM, str(args.pace_ms / 1e3)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None and process.stdin is not None
     upstream = process.stdout.readline().strip()
     caller = await Caller.start(args.concurrency)
+    floor = Floor(upstream)
+    floor.server.start()
     try:
         async with Gateway(upstream) as gateway:
             assert gateway._server is not None
             tid = gateway._server._thread.native_id
             assert tid is not None
-            print(f"upstream {upstream} (scripted, own process); {TOKENS}-token streams")
+            pace = f"a chunk every {args.pace_ms:g} ms" if args.pace_ms else "as fast as it can"
+            print(f"upstream {upstream} (scripted, own process); {TOKENS}-token streams, {pace}")
             print(f"at start: {load()}")
-            await sequential(caller, upstream, gateway, 20)  # warm-up
+            await sequential(caller, upstream, gateway, floor, 20)  # warm-up
             cpu0 = thread_cpu(tid)
-            direct, via = await sequential(caller, upstream, gateway, args.calls)
+            arms = await sequential(caller, upstream, gateway, floor, args.calls)
             cpu1 = thread_cpu(tid)
-            report("1 stream at a time", direct, via)
+            report("1 stream at a time", arms)
             print(f"  gateway CPU per call: {(cpu1 - cpu0) / args.calls * 1e3:.2f} ms")
             n = args.concurrency
             direct, via = await concurrent(caller, upstream, gateway, n, args.rounds)
             cpu2 = thread_cpu(tid)
-            report(f"{n} streams at once", direct, via)
+            report(f"{n} streams at once", {"direct": direct, "gateway": via})
             print(f"  gateway CPU per call: {(cpu2 - cpu1) / (n * args.rounds) * 1e3:.2f} ms")
             await memory(caller, gateway, args.memory_calls)
     finally:
         await caller.stop()
+        floor.server.stop()
         process.stdin.close()
         process.wait(timeout=30)
 
@@ -350,6 +412,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, rougher figures")
     parser.add_argument("--concurrency", type=int, default=1000, help="streams at once")
+    parser.add_argument(
+        "--pace-ms", type=float, default=0.0, help="the upstream's time between chunks (0: none)"
+    )
     parser.add_argument("--caller", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.caller:
