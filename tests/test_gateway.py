@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.gateway import Gateway
-from arttrace.testing import Reply, ScriptedLLM, ToolCall
+from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from conftest import TOOLS
 from test_gateway_support import RecordingUpstream
 
@@ -404,6 +404,59 @@ def test_other_methods_on_a_runs_api_are_refused() -> None:
         response = httpx.request("OPTIONS", f"{gateway.url(t)}/chat/completions")
     assert response.status_code == 405
     assert "OPTIONS is not relayed" in response.json()["error"]["message"]
+
+
+def test_a_run_whose_agent_never_calls_its_url_says_so_with_the_fix() -> None:
+    with (
+        gateway_to(RecordingUpstream()) as gateway,
+        pytest.warns(at.NothingToTrainWarning) as caught,
+        at.trajectory("q-1") as t,
+    ):
+        gateway.url(t)  # handed to an agent that calls somewhere else
+    (warning,) = [w for w in caught if w.category is at.NothingToTrainWarning]
+    message = str(warning.message)
+    assert "run 'q-1' has a gateway URL but recorded no policy turn" in message
+    assert "(no call reached its gateway URL)" in message and "gateway.url(t)" in message
+
+
+def test_anthropic_messages_are_forwarded_and_said_to_be_unrecorded() -> None:
+    upstream = RecordingUpstream()
+    body = {"model": "policy", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        gateway_to(upstream) as gateway,
+        pytest.warns((at.UntrainableTurnWarning, at.NothingToTrainWarning)) as caught,
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+    ):
+        for _ in range(2):
+            answer = client.post(f"{gateway.url(t)}/messages", json=body)
+            assert answer.content == upstream.exchanges[-1].answered
+    assert [e.path for e in upstream.exchanges] == ["/v1/messages"] * 2
+    assert t.calls == []
+    (unrecorded,) = [w for w in caught if w.category is at.UntrainableTurnWarning]
+    assert "run 'q-1' called the Anthropic Messages API (/v1/messages)" in str(unrecorded.message)
+    assert any(w.category is at.NothingToTrainWarning for w in caught)
+
+
+def test_legacy_completions_are_recorded_as_context() -> None:
+    upstream = serve(ScriptedLLM(["Paris."]))
+    try:
+        with (
+            Gateway(upstream.base_url) as gateway,
+            pytest.warns((at.UntrainableTurnWarning, at.NothingToTrainWarning)) as caught,
+            at.trajectory("q-1") as t,
+            httpx.Client() as client,
+        ):
+            body = {"model": "policy", "prompt": "The capital of France is", "max_tokens": 4}
+            answer = client.post(f"{gateway.url(t)}/completions", json=body)
+            assert answer.status_code == 200
+    finally:
+        upstream.stop()
+    (call,) = t.calls
+    assert not call.trainable and call.choices[0].message["content"] == "Paris."
+    causes = {str(w.message) for w in caught}
+    assert any("ART trains chat conversations" in m for m in causes)  # the call's warning
+    assert any("recorded no policy turn (its gateway calls recorded no" in m for m in causes)
 
 
 def test_the_gateways_token_and_the_callers_key() -> None:

@@ -47,8 +47,10 @@ def test_runs_opened_over_http_are_journaled_for_the_trainer(tmp_path: Path) -> 
             assert closed.status_code == 200 and closed.json()["reward"] == number
             gone = client.post(f"{run['url']}/chat/completions", json=BODY)
             assert gone.status_code == 404
-        no_reward = client.post(f"{base}/runs/{later['run_id']}/close").json()
+        with pytest.warns(at.NothingToTrainWarning, match="no call reached its gateway URL"):
+            no_reward = client.post(f"{base}/runs/{later['run_id']}/close").json()
         assert "without a reward" in no_reward["warning"]
+        assert "recorded no policy turn (no call reached its URL)" in no_reward["warning"]
 
     journal = Journal(tmp_path)
     step0 = journal.finished(0)

@@ -174,6 +174,7 @@ class CallLog:
         "_lock",
         "_open",
         "cache_answered",
+        "gateway",
         "name",
         "policy_ran",
         "records",
@@ -185,6 +186,9 @@ class CallLog:
         """A ``@trainable`` function ran in this run (so it should record a policy turn)."""
         self.cache_answered: str | None = None
         """Whose cache answered a call in this run (``"DSPy's"``), when a hook noticed."""
+        self.gateway = False
+        """The run has a gateway URL: its agent's calls are policy turns, so it should record
+        one."""
         self._lock = threading.Lock()
         self._open: set[OpenCall] = set()
         self._frozen = False

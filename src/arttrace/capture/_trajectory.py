@@ -116,11 +116,19 @@ class Trajectory:
         self.ended_at = time.time()
 
     def _check_policy_recorded(self) -> None:
-        """Never silent: a run whose policy code ran but recorded no policy turn says why."""
+        """Never silent: a run whose policy code ran (or that has a gateway URL) but recorded no
+        policy turn says why."""
         log = self.call_log
-        if not log.policy_ran or any(c.trainable for c in log.records):
+        if not (log.policy_ran or log.gateway) or any(c.trainable for c in log.records):
             return
-        if log.records:
+        gateway = log.gateway and not log.policy_ran
+        if gateway:
+            cause = (
+                "its gateway calls recorded no policy turn"
+                if log.records
+                else "no call reached its gateway URL"
+            )
+        elif log.records:
             cause = "its LLM calls ran outside every @trainable function"
         elif _context.shim_settings() is None:
             cause = "arttrace.instrument() was not called"
@@ -128,7 +136,7 @@ class Trajectory:
             cause = f"{log.cache_answered} cache answered"
         else:
             cause = "no LLM call was seen"
-        warn_nothing_to_train(self.example_id, cause)
+        warn_nothing_to_train(self.example_id, cause, gateway=gateway)
 
     async def __aenter__(self) -> Self:
         return self.__enter__()

@@ -80,6 +80,18 @@ _seen: set[tuple[str, str]] = set()
 _lock = threading.Lock()
 
 
+def warn_unrecorded(what: str, example_id: str) -> None:
+    """Warn once per ``what`` that the gateway forwarded a call it does not record."""
+    _warn_once(
+        ("gateway", what),
+        f"arttrace gateway: run {example_id!r} called {what}, which the gateway forwards but "
+        "does not record, so its turns will not train; later calls are not reported again. "
+        "Have the agent use the run's Chat Completions or Responses API (an OpenAI client "
+        "with base_url=gateway.url(t)).",
+        UntrainableTurnWarning,
+    )
+
+
 def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
     """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``."""
     _warn_once(
@@ -91,9 +103,9 @@ def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
 
 
 class NothingToTrainWarning(UserWarning):
-    """A run's ``@trainable`` code ran but no policy turn was recorded: the run would reach
-    the Trainer with its reward and nothing to train on. The Trainer gives it too, once per
-    step, when groups it would ship hold no trainable token."""
+    """A run's ``@trainable`` code ran (or it has a gateway URL) but no policy turn was
+    recorded: the run would reach the Trainer with its reward and nothing to train on. The
+    Trainer gives it too, once per step, when groups it would ship hold no trainable token."""
 
 
 _NOTHING_TO_TRAIN = {
@@ -110,6 +122,16 @@ _NOTHING_TO_TRAIN = {
         "A cached answer has no tokens to train on, and every repeat of a prompt is answered "
         "from the cache: turn it off for rollouts, dspy.LM(..., cache=False)."
     ),
+    "no call reached its gateway URL": (
+        "Give the agent the run's URL as its OpenAI base URL (gateway.url(t), or the url POST "
+        "/runs answered) and check that it calls it. The gateway records Chat Completions and "
+        "Responses calls; an Anthropic Messages call (/v1/messages) is forwarded unrecorded."
+    ),
+    "its gateway calls recorded no policy turn": (
+        "The gateway trains on Chat Completions and Responses calls to the run's model (the "
+        "model option, if set, must be the request's model); legacy Completions calls "
+        "(/v1/completions) are kept as context only."
+    ),
     "no LLM call was seen": (
         "The agent may call the model from another process (point it at an arttrace.Gateway "
         "run URL), over a transport arttrace does not hook (the OpenAI Agents SDK's Responses "
@@ -120,11 +142,12 @@ _NOTHING_TO_TRAIN = {
 }
 
 
-def warn_nothing_to_train(example_id: str, cause: str) -> None:
+def warn_nothing_to_train(example_id: str, cause: str, *, gateway: bool = False) -> None:
     """Warn once per ``cause`` (a key of the table above) that a run will train on nothing."""
+    ran = "has a gateway URL" if gateway else "ran @trainable code"
     _warn_once(
         ("", cause),
-        f"arttrace: run {example_id!r} ran @trainable code but recorded no policy turn "
+        f"arttrace: run {example_id!r} {ran} but recorded no policy turn "
         f"({cause}), so it would train on nothing; later runs with this cause are not "
         f"reported again. {_NOTHING_TO_TRAIN[cause]}",
         NothingToTrainWarning,

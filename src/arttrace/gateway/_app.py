@@ -20,11 +20,14 @@ from starlette.types import Receive, Scope, Send
 from ..capture import _context
 from ..capture._guard import guarded
 from ..capture._redact import remember, remember_headers
+from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
 from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
 
-_RECORDED = ("chat/completions", "responses")
+_RECORDED = ("chat/completions", "responses", "completions")
+_UNRECORDED = {"messages": "the Anthropic Messages API (/v1/messages)"}
+"""Forwarded, but not recorded: a call to one says so (once)."""
 _TOKEN = TOKEN_HEADER.encode()
 _RELAYED = re.compile(r"/runs/([^/]+)/v1/(.*)", re.DOTALL)
 """A run's OpenAI API: dispatched before Starlette's router and middleware, which cost a
@@ -108,7 +111,9 @@ class GatewayApp:
         )
         remember_headers(request.headers)  # the caller's keys are blanked out of records
         open_record: Callable[[], Recorder] | None = None
-        if request.method == "POST" and path in _RECORDED:
+        if request.method == "POST" and path in _UNRECORDED:
+            warn_unrecorded(_UNRECORDED[path], str(run.trajectory.example_id))
+        elif request.method == "POST" and path in _RECORDED:
             parsed = _json_object(body)
             if parsed is not None:
                 with guarded("the gateway preparing a call's record"):

@@ -149,6 +149,7 @@ class Runs:
                     self._forget_ended()
                 run = Run(_new_id(), trajectory, options)
                 self._runs[run.id] = self._by_trajectory[trajectory] = run
+                trajectory.call_log.gateway = True  # it says so if no policy turn comes
             if run.otel is None and current:  # its calls become children of its span
                 run.otel = otel_context.get_current()
             return run
@@ -188,6 +189,7 @@ class Runs:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ConfigurationError(f'"step" must be an integer >= 0, got {step!r}')
         trajectory = Trajectory(example_id, metadata)
+        trajectory.call_log.gateway = True
         opened = contextvars.Context()
         opened.run(trajectory.__enter__)
         run = Run(
@@ -349,11 +351,20 @@ class RunAPI:
         if path is None:  # a concurrent close got there first
             return unknown_run(run.id)
         summary = {**run.summary(self.runs.url(run.id)), "journal": str(path)}
+        warnings = []
         if run.trajectory.reward is None:
-            summary["warning"] = (
+            warnings.append(
                 "the run was closed without a reward: it is journaled but will not train; "
                 "set one with PUT /runs/{id}/reward or in the close request"
             )
+        if not summary["trainable_turns"]:
+            cause = "no call was a policy turn" if summary["calls"] else "no call reached its URL"
+            warnings.append(
+                f"the run recorded no policy turn ({cause}), so it will not train: the gateway "
+                "trains on Chat Completions and Responses calls to the run's URL"
+            )
+        if warnings:
+            summary["warning"] = "; ".join(warnings)
         return JSONResponse(summary)
 
     async def _settle(self, request: Request, *, require_reward: bool) -> Run | Response:
