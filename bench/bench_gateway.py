@@ -50,6 +50,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from starlette.requests import Request
 
 import arttrace as at
 from arttrace._asgi_server import ServerThread
@@ -141,12 +142,7 @@ class Floor:
             await self.session.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await Request(scope, receive).body()
         assert self.session is not None
         path = scope["path"].removeprefix("/v1")
         headers = {"content-type": "application/json"}
