@@ -385,6 +385,24 @@ def test_a_caller_that_hangs_up_mid_stream_closes_the_upstream_call() -> None:
     assert len(exchange.answer) < 100
 
 
+def test_a_caller_that_stops_at_the_finish_reason_leaves_a_whole_record() -> None:
+    """As LiteLLM's sync stream does: the run may end the moment the caller has the finish."""
+    upstream = RecordingUpstream(ScriptedLLM(lambda _: " ".join(["word"] * 30)), delay=0.002)
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with gateway_to(upstream) as gateway, httpx.Client() as client:
+        for _ in range(5):
+            with at.trajectory("q-1") as t:
+                got = b""
+                with client.stream("POST", f"{gateway.url(t)}/chat/completions", json=body) as r:
+                    for piece in r.iter_raw():
+                        got += piece
+                        if b'"finish_reason": "stop"' in got:
+                            break  # and the run ends at once
+            (call,) = t.calls
+            assert not call.partial and call.choices[0].finish_reason == "stop"
+            assert t.trainable_turns == 1
+
+
 def test_a_caller_that_hangs_up_before_the_answer_starts_marks_the_call() -> None:
     upstream = RecordingUpstream(think=1.0)
     with gateway_to(upstream) as gateway, at.trajectory("q-1") as t:

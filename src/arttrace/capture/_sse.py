@@ -13,6 +13,11 @@ class EventReader:
         self._tail = b""
         self._data: list[bytes] = []
 
+    @property
+    def pending(self) -> bytes:
+        """What has come of the event still unfinished (empty between whole events)."""
+        return b"\n".join(self._data) + self._tail if self._data or self._tail else b""
+
     def feed(self, piece: bytes) -> list[bytes]:
         if (  # the usual piece, one whole ``data:`` event (vLLM sends one per chunk): at once
             not self._tail

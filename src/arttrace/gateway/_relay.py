@@ -1,8 +1,10 @@
 """One call forwarded to the upstream and its answer forwarded back, byte for byte.
 
 A stream reaches the caller piece by piece as the upstream sends it (nothing is buffered); the
-recorder reads the same pieces on the side, each before it is forwarded, so a call has been
-recorded by the time its caller has the last byte. A caller that hangs up closes the upstream
+recorder reads the same pieces on the side. A piece that may end the call (``_MAY_END``) is read
+before it is forwarded, so a call has been recorded by the time its caller has its end; the
+others are read just after, off the caller's way (the first chunk, which carries the prompt's
+token ids, is the largest). A caller that hangs up closes the upstream
 request and leaves the call marked partial. An upstream error reaches the caller unchanged; a
 stream the upstream cuts is cut for the caller too. Both mark the call.
 
@@ -15,6 +17,7 @@ one forward instead of one per chunk (``bench/bench_gateway.py``: 10 ms of the g
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -53,6 +56,11 @@ _NOT_FORWARDED = frozenset(
 _NOT_RETURNED = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"te", b"trailer", b"transfer-encoding"}
 )
+_MAY_END = re.compile(
+    rb'"finish_reason":\s*"|"usage":\s*\{|\[DONE\]|"error"|"response\.(?:completed|incomplete|failed)"'
+)
+"""What in a stream may end its call: a finish reason, the usage, the end, an error. A caller
+may stop reading there (LiteLLM's sync stream stops at the finish reason) and end its run."""
 _UPSTREAM_FAILED = (aiohttp.ClientError, OSError, TimeoutError)
 """How an upstream call fails (aiohttp raises these, and a timeout as ``TimeoutError``)."""
 
@@ -194,10 +202,15 @@ class Relay(Response):
             events = EventReader() if self.recorder is not None else None
             content = answer.content
             while piece := await content.readany():  # all that has arrived, as soon as it has
-                if events is not None:
-                    for data in events.feed(piece):
-                        self._record("event", data)
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                body = {"type": "http.response.body", "body": piece, "more_body": True}
+                if events is None:
+                    await send(body)
+                elif _MAY_END.search(events.pending + piece):
+                    self._read(events, piece)
+                    await send(body)
+                else:
+                    await send(body)
+                    self._read(events, piece)
             self._record("ended")
             state.answered = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -206,6 +219,10 @@ class Relay(Response):
             state.answered = True
         finally:
             answer.close()  # also when the caller's hang-up cancelled us: closes the upstream
+
+    def _read(self, events: EventReader, piece: bytes) -> None:
+        for data in events.feed(piece):
+            self._record("event", data)
 
     def _record(self, what: str, *args: object, **kwargs: object) -> None:
         if self.recorder is not None:
