@@ -134,8 +134,7 @@ async def run_greeter_demo(
     started = time.perf_counter()
     train_set, val_set = split(seed, s.validation)
     if base_url is not None:
-        if not served_model:
-            raise ConfigurationError("--base-url needs --model: the model name the server serves")
+        assert served_model, "run_demo checks that --base-url comes with --model"
         await check_server(base_url, served_model)
         backend = at.DryRunBackend(out / "dry_run", inference_base_url=base_url)
         name = served_model

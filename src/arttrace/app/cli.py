@@ -72,7 +72,7 @@ def _add_demo(commands: _Subcommands) -> None:
         "through arttrace's Trainer. By default a tiny Qwen2 with random weights runs on this "
         "machine's CPU (CPUBackend): a short supervised warm-up teaches it four one-word "
         "greetings alike, then GRPO steps reward the house greeting; validation on held-out "
-        "customers before and after shows it learned (a few minutes on 2 cores). "
+        "customers before and after shows it learned (about a minute on 2 cores). "
         "Needs no GPU and no network.",
     )
     demo.add_argument(
@@ -103,7 +103,7 @@ def _add_demo(commands: _Subcommands) -> None:
     demo.add_argument(
         "--rollouts", type=int, help="runs per question, the group size (cpu 8, dry-run 4)"
     )
-    demo.add_argument("--steps", type=int, help="GRPO steps (cpu 30, dry-run 2)")
+    demo.add_argument("--steps", type=int, help="GRPO steps (cpu 12, dry-run 2)")
     demo.add_argument(
         "--seed",
         type=int,

@@ -4,8 +4,8 @@ A stream reaches the caller piece by piece as the upstream sends it (nothing is 
 recorder reads the same pieces on the side. A piece that may end the call (``_MAY_END``) is read
 before it is forwarded, so a call has been recorded by the time its caller has its end; the
 others are read just after, off the caller's way (the first chunk, which carries the prompt's
-token ids, is the largest). A caller that hangs up closes the upstream
-request and leaves the call marked partial. An upstream error reaches the caller unchanged; a
+token ids, is the largest). A caller that hangs up closes the upstream request and leaves the
+call marked partial. An upstream error reaches the caller unchanged; a
 stream the upstream cuts is cut for the caller too. Both mark the call.
 
 The upstream is called with aiohttp: its C parser reads a stream for a third of httpx's CPU,
@@ -59,8 +59,9 @@ _NOT_RETURNED = frozenset(
 _MAY_END = re.compile(
     rb'"finish_reason":\s*"|"usage":\s*\{|\[DONE\]|"error"|"response\.(?:completed|incomplete|failed)"'
 )
-"""What in a stream may end its call: a finish reason, the usage, the end, an error. A caller
-may stop reading there (LiteLLM's sync stream stops at the finish reason) and end its run."""
+"""What in a stream may end its call: a finish reason, the usage, the end, an error, a final
+Responses event. A caller may stop reading there (LiteLLM's sync stream stops at the finish
+reason) and end its run."""
 _UPSTREAM_FAILED = (aiohttp.ClientError, OSError, TimeoutError)
 """How an upstream call fails (aiohttp raises these, and a timeout as ``TimeoutError``)."""
 

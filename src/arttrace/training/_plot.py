@@ -55,7 +55,7 @@ def reward_plot(
                 color="tab:red",
                 fontweight="bold",
             )
-    ax.set_xlabel("step (validation before step 0 and after the last step)")
+    ax.set_xlabel("step (a validation at n: after n steps)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
