@@ -22,12 +22,14 @@ Reported, each block with the load average beside it:
     (:class:`Floor`): what any Python proxy adds here, so the gateway's own share shows.
     The upstream streams as fast as it can by default, a core's worth of work beside the
     caller's and the gateway's on a 2-core machine; ``--pace-ms`` spaces its chunks as a
-    real server's decoding does.
+    real server's decoding does, on a clock (a chunk sent late does not push back the rest),
+    so the last byte measures the proxy's delay, not how much the upstream's timer slipped.
     The fastest call of each arm (min) shows what a call costs when no neighbour delays it.
     Targets at 1 stream: p50 added <= 1 ms, p99 added <= 5 ms. Calls that fail are counted
     per arm, with their errors, and left out of the percentiles.
-(b) the gateway's CPU per call (its thread's CPU time over the calls it served): the robust
-    figure on a shared machine, where latencies move with the neighbours' load.
+(b) the gateway's CPU per call (its thread's CPU time over the calls it served), the floor's
+    beside it at 1 stream: the robust figure on a shared machine, where latencies move with
+    the neighbours' load.
 (c) memory kept per captured token by the finished trajectories (tracemalloc: the blocks
     allocated by arttrace's code; the process's whole growth is printed beside it, which also
     counts the connection pools' buffers and so depends on the rounds before), target <= 32 B.
@@ -93,9 +95,13 @@ async def app(scope, receive, send):
         return
     headers = [(b"content-type", b"text/event-stream")]
     await send({{"type": "http.response.start", "status": 200, "headers": headers}})
-    for chunk in chunks:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for i, chunk in enumerate(chunks, 1):
         await send({{"type": "http.response.body", "body": chunk, "more_body": True}})
-        await asyncio.sleep(PACE)  # one token at a time, streams interleaved, as a server samples
+        # One token at a time, streams interleaved, on the clock a server's decoding keeps: a
+        # late chunk does not push back the ones after it (sleep(0) when unpaced).
+        await asyncio.sleep(max(0.0, start + i * PACE - loop.time()))
     await send({{"type": "http.response.body", "body": b""}})
 
 server = ServerThread(app, "127.0.0.1", 0, name="the scripted upstream")
@@ -393,17 +399,20 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with Gateway(upstream) as gateway:
             assert gateway._server is not None
-            tid = gateway._server._thread.native_id
-            assert tid is not None
+            tid, floor_tid = gateway._server._thread.native_id, floor.server._thread.native_id
+            assert tid is not None and floor_tid is not None
             pace = f"a chunk every {args.pace_ms:g} ms" if args.pace_ms else "as fast as it can"
             print(f"upstream {upstream} (scripted, own process); {TOKENS}-token streams, {pace}")
             print(f"at start: {load()}")
             await sequential(caller, upstream, gateway, floor, 20)  # warm-up
-            cpu0 = thread_cpu(tid)
+            cpu0, floor0 = thread_cpu(tid), thread_cpu(floor_tid)
             arms = await sequential(caller, upstream, gateway, floor, args.calls)
-            cpu1 = thread_cpu(tid)
+            cpu1, floor1 = thread_cpu(tid), thread_cpu(floor_tid)
             report("1 stream at a time", arms)
-            print(f"  gateway CPU per call: {(cpu1 - cpu0) / args.calls * 1e3:.2f} ms")
+            print(
+                f"  gateway CPU per call: {(cpu1 - cpu0) / args.calls * 1e3:.2f} ms "
+                f"(floor {(floor1 - floor0) / args.calls * 1e3:.2f} ms)"
+            )
             n = args.concurrency
             direct, via = await concurrent(caller, upstream, gateway, n, args.rounds)
             cpu2 = thread_cpu(tid)
