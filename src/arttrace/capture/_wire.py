@@ -66,18 +66,21 @@ def body_to_send(path: str, body: dict[str, Any], settings: Settings) -> dict[st
     """What :func:`open_recorder` sends for a call to ``path`` in the current context, without
     opening the record (the gateway sends first and records while the upstream works); open
     the record of what was sent with ``request_training_data=False``."""
-    if not settings.request_training_data or path not in ("chat/completions", "responses"):
-        return body
-    if _context.policy_scope(str(body.get("model", ""))) is None:
-        return body
+    model = str(body.get("model", ""))
+    if settings.request_training_data and _context.policy_scope(model) is not None:
+        return training_body(path, body)
+    return body
+
+
+def training_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A policy call's ``body`` asking for the exact tokens unless the caller set them (the
+    shim's rule, on a JSON body instead of SDK arguments): ``logprobs`` and
+    ``return_token_ids`` for Chat Completions, the Responses API's own fields for it; other
+    paths' bodies as they are."""
     if path == "responses":
         return responses_training_fields(body, sdk=False)
-    return training_fields(body)
-
-
-def training_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` asking for ``logprobs`` and ``return_token_ids`` unless the caller set them:
-    the shim's rule (``with_training_fields``), on a JSON body instead of SDK arguments."""
+    if path != "chat/completions":
+        return body
     extra = {"return_token_ids": body["return_token_ids"]} if "return_token_ids" in body else {}
     kwargs = with_training_fields({**body, "extra_body": extra})
     extra = kwargs.pop("extra_body")

@@ -23,11 +23,14 @@ from ..capture._redact import remember, remember_headers
 from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
-from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
+from ._runs import Run, RunAPI, RunOptions, Runs, error, unknown_run
 
 _RECORDED = ("chat/completions", "responses", "completions")
-_UNRECORDED = {"messages": "the Anthropic Messages API (/v1/messages)"}
-"""Forwarded, but not recorded: a call to one says so (once)."""
+_UNRECORDED = {
+    "messages": "the Anthropic Messages API (/v1/messages), whose answers carry no token ids"
+}
+"""Forwarded, but not recorded: a call to one says so (once). vLLM's Messages API has no field
+for logprobs or token ids (vllm/entrypoints/anthropic/protocol.py), so its turns cannot train."""
 _TOKEN = TOKEN_HEADER.encode()
 _RELAYED = re.compile(r"/runs/([^/]+)/v1/(.*)", re.DOTALL)
 """A run's OpenAI API: dispatched before Starlette's router and middleware, which cost a
@@ -109,7 +112,6 @@ class GatewayApp:
             drop_authorization=any(n == b"authorization" and self._is_token(v) for n, v in raw),
             api_key=self.upstream.api_key,
         )
-        remember_headers(request.headers)  # the caller's keys are blanked out of records
         open_record: Callable[[], Recorder] | None = None
         if request.method == "POST" and path in _UNRECORDED:
             warn_unrecorded(_UNRECORDED[path], str(run.trajectory.example_id))
@@ -120,9 +122,17 @@ class GatewayApp:
                     sent = run.body_to_send(path, parsed)
                     if sent is not parsed:
                         body = _dumps(sent)
-                    open_record = partial(run.open_recorder, path, sent, self.upstream.server)
+                    open_record = partial(
+                        _open_record, run, path, sent, self.upstream.server, request.headers
+                    )
         url = self.upstream.url(path, request.scope["query_string"])
         return Relay(self.upstream, request.method, url, headers, body, open_record)
+
+
+def _open_record(run: Run, path: str, sent: dict[str, Any], server: Any, headers: Any) -> Recorder:
+    """Called once the request has gone out, off the caller's way."""
+    remember_headers(headers)  # the caller's keys are blanked out of its record
+    return run.open_recorder(path, sent, server)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

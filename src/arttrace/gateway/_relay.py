@@ -151,9 +151,7 @@ class Relay(Response):
         forwarding = asyncio.current_task()
         assert forwarding is not None
         # A task, not a task group: anyio's costs the caller's first byte about 0.1 ms.
-        watcher = asyncio.get_running_loop().create_task(
-            _watch_hang_up(receive, forwarding, state)
-        )
+        watcher = asyncio.get_running_loop().create_task(_watch_hang_up(receive, forwarding, state))
         try:
             await self._forward(send, state)
         except asyncio.CancelledError:

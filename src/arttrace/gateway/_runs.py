@@ -37,7 +37,7 @@ from ..capture import _context
 from ..capture._calls import Settings
 from ..capture._context import TrainableScope
 from ..capture._trajectory import Trajectory, check_reward
-from ..capture._wire import Recorder, body_to_send, open_recorder
+from ..capture._wire import Recorder, open_recorder, training_body
 
 if TYPE_CHECKING:
     from ..training._journal import Journal
@@ -76,10 +76,12 @@ class Run:
 
     def body_to_send(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` for the upstream: on a policy call, asking for the exact tokens (unless the
-        run's options say not to)."""
-        with self._entered():
-            settings = Settings(self.options.request_training_data, self.options.export_tokens)
-            return body_to_send(path, body, settings)
+        run's options say not to). The run's scope decides, as :meth:`open_recorder`'s
+        context does, without entering it: this is on the caller's way."""
+        options = self.options
+        if options.request_training_data and options.scope.accepts(str(body.get("model", ""))):
+            return training_body(path, body)
+        return body
 
     def open_recorder(self, path: str, sent: dict[str, Any], server: Any) -> Recorder:
         """The record of a call to ``path`` in this run (its trajectory, its policy scope), made
