@@ -19,7 +19,9 @@ Reported, each block with the load average beside it:
 (a) time to first byte and to last byte, p50 and p99, direct and through the gateway, at 1
     stream and at ``--concurrency`` streams at once; the added latency is gateway - direct.
     At 1 stream a third arm, the floor, forwards with the gateway's parts and records nothing
-    (:class:`Floor`): what any Python proxy adds here, so the gateway's own share shows.
+    (:class:`Floor`): what an HTTP proxy built of them adds here, so the gateway's own share
+    shows; a fourth, the pipe, copies the TCP bytes both ways (:class:`Pipe`): what the
+    extra loopback hop alone adds, so the HTTP stack's share shows.
     The upstream streams as fast as it can by default, a core's worth of work beside the
     caller's and the gateway's on a 2-core machine; ``--pace-ms`` spaces its chunks as a
     real server's decoding does, on a clock (a chunk sent late does not push back the rest),
@@ -46,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -160,6 +163,32 @@ class Floor:
             while piece := await answer.content.readany():
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+class Pipe:
+    """A TCP pipe to the upstream, in a thread of its own: bytes copied both ways, no HTTP."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = httpx.URL(upstream)
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="the pipe", daemon=True).start()
+        serving = asyncio.start_server(self.connected, "127.0.0.1", 0)
+        server = asyncio.run_coroutine_threadsafe(serving, loop).result()
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+    async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream = await asyncio.open_connection(self.upstream.host, self.upstream.port)
+        await asyncio.gather(copy(reader, upstream[1]), copy(upstream[0], writer))
+
+
+async def copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(2**16):
+            writer.write(data)
+    except OSError:
+        pass
+    finally:
+        writer.close()
 
 
 # -- the caller (its own process) -------------------------------------------------------------
@@ -279,7 +308,7 @@ def load() -> str:
 
 
 def report(name: str, arms: dict[str, list[Timing | str]]) -> None:
-    """``arms``: ``direct`` and ``gateway``, and maybe ``floor`` (:class:`Floor`)."""
+    """``arms``: ``direct`` and ``gateway``, and maybe ``floor`` and ``pipe``."""
     print(f"\n{name}: {len(arms['direct'])} calls per arm, ms; {load()}")
     ok: dict[str, list[Timing]] = {}
     for arm, results in arms.items():
@@ -314,18 +343,19 @@ def report(name: str, arms: dict[str, list[Timing | str]]) -> None:
 
 
 async def sequential(
-    caller: Caller, upstream: str, gateway: Gateway, floor: Floor, calls: int
+    caller: Caller, gateway: Gateway, urls: dict[str, str], calls: int
 ) -> dict[str, list[Timing | str]]:
-    """``calls`` calls per arm, one at a time, the arms taking turns in a rotating order, so
-    all see the same drift."""
-    arms: dict[str, list[Timing | str]] = {"direct": [], "gateway": [], "floor": []}
+    """``calls`` calls per arm, one at a time, the arms (``gateway`` and ``urls``: the direct
+    one and the other proxies) taking turns in a rotating order, so all see the same drift."""
+    arms: dict[str, list[Timing | str]] = {arm: [] for arm in ("direct", "gateway", *urls)}
     order = list(arms)
     for i in range(calls):
-        for arm in order[i % 3 :] + order[: i % 3]:
+        turn = i % len(order)
+        for arm in order[turn:] + order[:turn]:
             if arm == "gateway":
                 arms[arm] += await through_gateway(caller, gateway, 1)
             else:
-                arms[arm] += await caller.calls([upstream if arm == "direct" else floor.url])
+                arms[arm] += await caller.calls([urls[arm]])
     return arms
 
 
@@ -396,6 +426,7 @@ async def main(args: argparse.Namespace) -> None:
     caller = await Caller.start(args.concurrency)
     floor = Floor(upstream)
     floor.server.start()
+    urls = {"direct": upstream, "floor": floor.url, "pipe": Pipe(upstream).url}
     try:
         async with Gateway(upstream) as gateway:
             assert gateway._server is not None
@@ -404,9 +435,9 @@ async def main(args: argparse.Namespace) -> None:
             pace = f"a chunk every {args.pace_ms:g} ms" if args.pace_ms else "as fast as it can"
             print(f"upstream {upstream} (scripted, own process); {TOKENS}-token streams, {pace}")
             print(f"at start: {load()}")
-            await sequential(caller, upstream, gateway, floor, 20)  # warm-up
+            await sequential(caller, gateway, urls, 20)  # warm-up
             cpu0, floor0 = thread_cpu(tid), thread_cpu(floor_tid)
-            arms = await sequential(caller, upstream, gateway, floor, args.calls)
+            arms = await sequential(caller, gateway, urls, args.calls)
             cpu1, floor1 = thread_cpu(tid), thread_cpu(floor_tid)
             report("1 stream at a time", arms)
             print(

@@ -418,7 +418,11 @@ def test_a_caller_that_hangs_up_before_the_answer_starts_marks_the_call() -> Non
 
 
 def test_other_methods_on_a_runs_api_are_refused() -> None:
-    with gateway_to(RecordingUpstream()) as gateway, at.trajectory("q-1") as t:
+    with (
+        gateway_to(RecordingUpstream()) as gateway,
+        pytest.warns(at.NothingToTrainWarning, match="no call reached its gateway URL"),
+        at.trajectory("q-1") as t,
+    ):
         response = httpx.request("OPTIONS", f"{gateway.url(t)}/chat/completions")
     assert response.status_code == 405
     assert "OPTIONS is not relayed" in response.json()["error"]["message"]
@@ -503,6 +507,23 @@ def test_the_gateways_token_and_the_callers_key() -> None:
     assert first.headers["authorization"] == "Bearer sk-upstream-456"
     assert second.headers["authorization"] == "Bearer sk-caller-789"
     assert "x-arttrace-token" not in second.headers
+
+
+def test_one_runs_cookies_never_reach_another_runs_calls() -> None:
+    """An upstream's ``Set-Cookie`` (a load balancer's sticky session) reaches its caller and
+    goes no further: the gateway forwards for many callers, so it keeps no cookie jar."""
+    upstream = RecordingUpstream(set_cookie="lb=node-7; Path=/")
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    with upstream:
+        named = upstream.base_url.replace("127.0.0.1", "localhost")  # a jar keeps a host's
+        with Gateway(named) as gateway, httpx.Client() as client:
+            answers = []
+            for example_id in ("q-1", "q-2"):
+                with at.trajectory(example_id) as t:
+                    answers.append(client.post(f"{gateway.url(t)}/chat/completions", json=body))
+                    client.cookies.clear()  # the first caller's jar is its own business
+    assert [a.headers.get("set-cookie") for a in answers] == ["lb=node-7; Path=/"] * 2
+    assert [e.headers.get("cookie") for e in upstream.exchanges] == [None, None]
 
 
 def test_keys_are_never_recorded_logged_or_exported(

@@ -45,10 +45,13 @@ class RecordingUpstream:
         delay: float = 0.0,
         fail: Failure | None = None,
         think: float = 0.0,
+        set_cookie: str | None = None,
     ) -> None:
-        """``delay``: seconds between a stream's chunks; ``think``: before any answer."""
+        """``delay``: seconds between a stream's chunks; ``think``: before any answer;
+        ``set_cookie``: a ``Set-Cookie`` header on every answer (a load balancer's)."""
         self.llm = llm or ScriptedLLM()
         self.delay, self.fail, self.think = delay, fail, think
+        self.cookie = [(b"set-cookie", set_cookie.encode())] if set_cookie else []
         self.exchanges: list[Exchange] = []
         self._server = ServerThread(self, "127.0.0.1", 0, name="the test upstream")
 
@@ -98,7 +101,7 @@ class RecordingUpstream:
     async def _whole(self, send: Send, exchange: Exchange, status: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
         exchange.answer.append(data)
-        headers = [(b"content-type", b"application/json"), (b"x-upstream", b"yes")]
+        headers = [(b"content-type", b"application/json"), (b"x-upstream", b"yes"), *self.cookie]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
@@ -114,7 +117,7 @@ class RecordingUpstream:
             hung_up.set()
 
         watcher = asyncio.ensure_future(watch())
-        headers = [(b"content-type", b"text/event-stream"), (b"x-upstream", b"yes")]
+        headers = [(b"content-type", b"text/event-stream"), (b"x-upstream", b"yes"), *self.cookie]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         try:
             for chunk in chunks:

@@ -90,6 +90,9 @@ class Upstream:
                 total=None, sock_connect=self.timeout, sock_read=self.timeout
             ),
             auto_decompress=False,  # the caller gets the upstream's bytes as they are
+            # No jar: the gateway forwards for many callers, and a cookie the upstream set on
+            # one's answer (a load balancer's sticky session) must not ride on another's call.
+            cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,  # straight to the upstream, never through an environment proxy
             skip_auto_headers=("user-agent", "accept", "content-type"),  # the caller's only
         )
