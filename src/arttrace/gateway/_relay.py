@@ -49,6 +49,7 @@ _NOT_FORWARDED = frozenset(
         "upgrade",
         "content-length",
         "accept-encoding",  # identity upstream: the recorder reads the bytes it forwards
+        "expect",  # the gateway has the whole body: the upstream's 100 Continue is a wait
         TOKEN_HEADER,
     }
 )
