@@ -250,12 +250,14 @@ def _let_go(request: asyncio.Future[aiohttp.ClientResponse]) -> None:
 
 
 async def _watch_hang_up(receive: Receive, forwarding: asyncio.Task[None], state: _State) -> None:
-    """Wait for the caller to hang up; then stop forwarding (which closes the upstream call)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    if not state.answered:
-        state.disconnected = True
-        forwarding.cancel()
+    """Wait for the caller to hang up; then stop forwarding (which closes the upstream call).
+    A server whose ``receive`` fails leaves the call unwatched, not failed."""
+    with guarded("the gateway watching for the caller hanging up"):
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not state.answered:
+            state.disconnected = True
+            forwarding.cancel()
 
 
 async def _send_whole(
