@@ -63,9 +63,8 @@ def open_recorder(
 
 
 def body_to_send(path: str, body: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """What :func:`open_recorder` sends for a call to ``path`` in the current context, without
-    opening the record (the gateway sends first and records while the upstream works); open
-    the record of what was sent with ``request_training_data=False``."""
+    """What :func:`open_recorder` sends for a call to ``path`` in the current context: on a
+    policy call, when ``settings`` say so, :func:`training_body`."""
     model = str(body.get("model", ""))
     if settings.request_training_data and _context.policy_scope(model) is not None:
         return training_body(path, body)
