@@ -244,7 +244,8 @@ def test_only_the_runs_policy_model_is_trained() -> None:
 
 def test_unknown_and_ended_runs_get_404_with_a_clear_message() -> None:
     with RecordingUpstream() as upstream, Gateway(upstream.base_url) as gateway:
-        with at.trajectory("q-1") as t:
+        never_called = pytest.warns(at.NothingToTrainWarning, match="no call reached its gateway")
+        with never_called, at.trajectory("q-1") as t:
             url = gateway.url(t)
             assert gateway.url(t) == url  # one run per trajectory
         with httpx.Client() as client:
@@ -265,7 +266,13 @@ def test_unknown_and_ended_runs_get_404_with_a_clear_message() -> None:
 
 def test_models_and_other_routes_pass_through() -> None:
     upstream = RecordingUpstream()
-    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+    with (
+        gateway_to(upstream) as gateway,
+        # The run's agent called its URL (so not "no call reached"), but nothing to train on.
+        pytest.warns(at.NothingToTrainWarning, match="its gateway calls recorded no policy turn"),
+        at.trajectory("q-1") as t,
+        httpx.Client() as client,
+    ):
         response = client.get(f"{gateway.url(t)}/models?limit=5")
     assert response.json() == {"object": "list", "data": [{"id": "m"}]}
     assert response.headers["x-upstream"] == "yes"
@@ -460,7 +467,9 @@ def test_anthropic_messages_are_forwarded_and_said_to_be_unrecorded() -> None:
     assert t.calls == []
     (unrecorded,) = [w for w in caught if w.category is at.UntrainableTurnWarning]
     assert "run 'q-1' called the Anthropic Messages API (/v1/messages)" in str(unrecorded.message)
-    assert any(w.category is at.NothingToTrainWarning for w in caught)
+    (nothing,) = [w for w in caught if w.category is at.NothingToTrainWarning]
+    assert "its gateway calls recorded no policy turn" in str(nothing.message)
+    assert "Anthropic Messages calls (/v1/messages)" in str(nothing.message)
 
 
 def test_legacy_completions_are_recorded_as_context() -> None:

@@ -51,6 +51,11 @@ def test_runs_opened_over_http_are_journaled_for_the_trainer(tmp_path: Path) -> 
             no_reward = client.post(f"{base}/runs/{later['run_id']}/close").json()
         assert "without a reward" in no_reward["warning"]
         assert "recorded no policy turn (no call reached its URL)" in no_reward["warning"]
+        models_only = open_run(client, base, example_id="c", step=1)
+        assert client.get(f"{models_only['url']}/models").status_code == 200
+        with pytest.warns(at.NothingToTrainWarning, match="its gateway calls recorded no"):
+            listed = client.post(f"{base}/runs/{models_only['run_id']}/close", json={"reward": 1})
+        assert "recorded no policy turn (no call was a policy turn)" in listed.json()["warning"]
 
     journal = Journal(tmp_path)
     step0 = journal.finished(0)

@@ -175,6 +175,7 @@ class CallLog:
         "_open",
         "cache_answered",
         "gateway",
+        "gateway_reached",
         "name",
         "policy_ran",
         "records",
@@ -189,6 +190,8 @@ class CallLog:
         self.gateway = False
         """The run has a gateway URL: its agent's calls are policy turns, so it should record
         one."""
+        self.gateway_reached = False
+        """A call reached the run's gateway URL and was forwarded (recorded or not)."""
         self._lock = threading.Lock()
         self._open: set[OpenCall] = set()
         self._frozen = False

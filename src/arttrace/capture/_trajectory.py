@@ -125,7 +125,7 @@ class Trajectory:
         if gateway:
             cause = (
                 "its gateway calls recorded no policy turn"
-                if log.records
+                if log.records or log.gateway_reached
                 else "no call reached its gateway URL"
             )
         elif log.records:

@@ -124,13 +124,13 @@ _NOTHING_TO_TRAIN = {
     ),
     "no call reached its gateway URL": (
         "Give the agent the run's URL as its OpenAI base URL (gateway.url(t), or the url POST "
-        "/runs answered) and check that it calls it. The gateway records Chat Completions and "
-        "Responses calls; an Anthropic Messages call (/v1/messages) is forwarded unrecorded."
+        "/runs answered) and check that it calls it."
     ),
     "its gateway calls recorded no policy turn": (
         "The gateway trains on Chat Completions and Responses calls to the run's model (the "
         "model option, if set, must be the request's model); legacy Completions calls "
-        "(/v1/completions) are kept as context only."
+        "(/v1/completions) are kept as context only, and Anthropic Messages calls "
+        "(/v1/messages) and other routes (/v1/models) are forwarded unrecorded."
     ),
     "no LLM call was seen": (
         "The agent may call the model from another process (point it at an arttrace.Gateway "

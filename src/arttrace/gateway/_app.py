@@ -105,6 +105,7 @@ class GatewayApp:
         run = self.runs.get(run_id)
         if run is None:
             return unknown_run(run_id)
+        run.trajectory.call_log.gateway_reached = True
         body = await request.body()
         raw = request.headers.raw
         headers = upstream_headers(

@@ -360,7 +360,8 @@ class RunAPI:
                 "set one with PUT /runs/{id}/reward or in the close request"
             )
         if not summary["trainable_turns"]:
-            cause = "no call was a policy turn" if summary["calls"] else "no call reached its URL"
+            reached = summary["calls"] or run.trajectory.call_log.gateway_reached
+            cause = "no call was a policy turn" if reached else "no call reached its URL"
             warnings.append(
                 f"the run recorded no policy turn ({cause}), so it will not train: the gateway "
                 "trains on Chat Completions and Responses calls to the run's URL"
