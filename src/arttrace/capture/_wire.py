@@ -55,20 +55,13 @@ def open_recorder(
     elif path == "completions":
         recorder = CompletionsCall(body, settings, server)
     else:
-        body = body_to_send(path, body, settings)
+        model = str(body.get("model", ""))
+        if settings.request_training_data and _context.policy_scope(model) is not None:
+            body = training_body(path, body)
         as_sent = Settings(request_training_data=False, export_tokens=settings.export_tokens)
         recorder = _ChatCall(Capture(body, as_sent, server))
     recorder.call.source = source
     return recorder, body
-
-
-def body_to_send(path: str, body: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """What :func:`open_recorder` sends for a call to ``path`` in the current context: on a
-    policy call, when ``settings`` say so, :func:`training_body`."""
-    model = str(body.get("model", ""))
-    if settings.request_training_data and _context.policy_scope(model) is not None:
-        return training_body(path, body)
-    return body
 
 
 def training_body(path: str, body: dict[str, Any]) -> dict[str, Any]:

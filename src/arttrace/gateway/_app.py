@@ -19,11 +19,11 @@ from starlette.types import Receive, Scope, Send
 
 from ..capture import _context
 from ..capture._guard import guarded
-from ..capture._redact import remember, remember_headers
+from ..capture._redact import remember
 from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
-from ._runs import Run, RunAPI, RunOptions, Runs, error, unknown_run
+from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
 
 _RECORDED = ("chat/completions", "responses", "completions")
 _UNRECORDED = {
@@ -124,16 +124,10 @@ class GatewayApp:
                     if sent is not parsed:
                         body = _dumps(sent)
                     open_record = partial(
-                        _open_record, run, path, sent, self.upstream.server, request.headers
+                        run.open_recorder, path, sent, self.upstream.server, request.headers
                     )
         url = self.upstream.url(path, request.scope["query_string"])
         return Relay(self.upstream, request.method, url, headers, body, open_record)
-
-
-def _open_record(run: Run, path: str, sent: dict[str, Any], server: Any, headers: Any) -> Recorder:
-    """Called once the request has gone out, off the caller's way."""
-    remember_headers(headers)  # the caller's keys are blanked out of its record
-    return run.open_recorder(path, sent, server)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -21,8 +21,7 @@ import contextvars
 import secrets
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from .._errors import ConfigurationError
 from ..capture import _context
 from ..capture._calls import Settings
 from ..capture._context import TrainableScope
+from ..capture._redact import remember_headers
 from ..capture._trajectory import Trajectory, check_reward
 from ..capture._wire import Recorder, open_recorder, training_body
 
@@ -83,21 +83,19 @@ class Run:
             return training_body(path, body)
         return body
 
-    def open_recorder(self, path: str, sent: dict[str, Any], server: Any) -> Recorder:
-        """The record of a call to ``path`` in this run (its trajectory, its policy scope), made
-        with ``sent``, the body from :meth:`body_to_send`."""
-        with self._entered():
-            settings = Settings(False, self.options.export_tokens)  # asked for in `sent`
-            return open_recorder(path, sent, settings, server)[0]
-
-    @contextmanager
-    def _entered(self) -> Iterator[None]:
-        """This run's context: its trajectory, its policy scope, its span."""
+    def open_recorder(
+        self, path: str, sent: dict[str, Any], server: Any, headers: Mapping[str, str]
+    ) -> Recorder:
+        """The record of a call to ``path`` in this run (its trajectory, its policy scope, its
+        span), made with ``sent``, the body from :meth:`body_to_send`, and the caller's
+        ``headers``, whose keys are blanked out of the record."""
+        remember_headers(headers)
         trajectory = _context.current_trajectory_var.set(self.trajectory)
         scopes = _context.trainable_scopes.set((self.options.scope,))
         attached = otel_context.attach(self.otel) if self.otel is not None else None
         try:
-            yield
+            settings = Settings(False, self.options.export_tokens)  # asked for in `sent`
+            return open_recorder(path, sent, settings, server)[0]
         finally:
             if attached is not None:
                 otel_context.detach(attached)
