@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
-from . import gateway_command
+from . import gateway_command, serve_test_model
 
 _DESCRIPTION = (
     "arttrace captures what an existing LLM agent does and trains its model with "
@@ -160,7 +160,11 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-_COMMANDS: list[Callable[[_Subcommands], None]] = [_add_demo, gateway_command.add_parser]
+_COMMANDS: list[Callable[[_Subcommands], None]] = [
+    _add_demo,
+    gateway_command.add_parser,
+    serve_test_model.add_parser,
+]
 """Each adds one subcommand; ``arttrace --help`` lists them in this order."""
 
 
