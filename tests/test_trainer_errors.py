@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import json
+import math
 import re
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -179,3 +182,57 @@ def test_every_trainer_parameter_is_documented_in_its_docstring():
     documented = set(re.findall(r"^ {4}\**(\w+):", doc, re.MULTILINE))
     parameters = set(inspect.signature(at.Trainer).parameters)
     assert parameters <= documented, parameters - documented
+
+
+class OddMetricsBackend(RecordingBackend):
+    """A backend whose TrainResult.metrics hold more than floats (ART types them as floats but
+    does not check them)."""
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
+        import numpy
+        import torch
+
+        result = await super().train(model, groups, **kwargs)
+        result.metrics = {
+            "loss": "abc",
+            "entropy": None,
+            "grad_norm": numpy.float32(0.5),
+            "probs_corr": torch.tensor(0.25),
+            "kl": "0.125",
+            "nan": math.nan,
+            "per_layer": torch.ones(3),
+            "policy": {"loss": 2, "tag": [1, 2]},
+        }
+        return result
+
+
+async def test_metrics_that_are_not_numbers_are_left_out_and_the_step_is_shipped(tmp_path):
+    """The step trained: it is recorded as shipped (shipped.json) whatever the backend reports;
+    numbers of any kind are kept, the rest named once in a warning."""
+    backend = OddMetricsBackend()
+    trainer = make(tmp_path, Agent(), backend, train_dataset=dataset(6))
+    with pytest.warns(UserWarning, match="not numbers") as caught:
+        result = await trainer.step()
+    [warning] = [w for w in caught if "not numbers" in str(w.message)]
+    message = str(warning.message)
+    for named in ("train/loss (str", "train/entropy (NoneType", "train/per_layer (Tensor"):
+        assert named in message
+    assert "train/policy/tag (list" in message and "grad_norm" not in message
+    kept = {k: v for k, v in result.metrics.items() if k.startswith("train/")}
+    assert {k: v for k, v in kept.items() if k != "train/nan"} == {
+        "train/grad_norm": 0.5,
+        "train/probs_corr": 0.25,
+        "train/kl": 0.125,
+        "train/policy/loss": 2.0,
+    }
+    assert math.isnan(kept["train/nan"])
+    assert trainer.journal.shipped(0) and trainer.completed_steps == 1
+    summary = trainer.journal.shipped_summary(0)
+    assert summary is not None and summary["metrics"]["train/grad_norm"] == 0.5
+    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["train/probs_corr"] == 0.25 and "train/loss" not in line
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same metrics again: already reported
+        await trainer.step()
+    assert trainer.journal.shipped(1) and len(backend.calls) == 2

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..capture import _context
 from ..capture._trajectory import Trajectory
-from ..capture._warnings import fix_for
+from ..capture._warnings import fix_for, warn_every_time
 from ._journal import append_line, private_dir, read_lines
 from ._plot import reward_plot
 
@@ -67,6 +67,8 @@ class Reporter:
         self.output_dir, self.model = output_dir, model
         self.log_to_model, self.progress = log_to_model, progress
         self._model_log_failed = False
+        self._unrecorded: set[tuple[str, str]] = set()
+        """(metric, type) pairs a backend returned that were not numbers, already warned of."""
         self._reporting: asyncio.Future[None] | None = None
         self._plotted_at, self._plot_stale = -math.inf, False
 
@@ -80,6 +82,28 @@ class Reporter:
     def read(self, name: str) -> list[dict[str, Any]]:
         """The records of ``name``; a damaged line is a ``JournalError`` naming it."""
         return [record for _, record in read_lines(self.output_dir / name)]
+
+    def train_metrics(self, step: int, metrics: Mapping[Any, Any]) -> dict[str, float]:
+        """``backend.train``'s metrics as ``train/<name>`` floats. A backend may return
+        anything in ``TrainResult.metrics``: numbers of any kind (numpy scalars, one-element
+        tensors, numeric strings) are kept, nested dicts flattened (``train/a/b``); the rest
+        (``None``, text, lists) is left out with one warning per metric and type. The step
+        trained, so it must be recorded as shipped whatever the backend reports."""
+        kept: dict[str, float] = {}
+        dropped: list[tuple[str, Any]] = []
+        _flatten(metrics, "train/", kept, dropped)
+        new = [(name, v) for name, v in dropped if (name, type(v).__name__) not in self._unrecorded]
+        if new:
+            self._unrecorded.update((name, type(v).__name__) for name, v in new)
+            shown = ", ".join(f"{name} ({type(v).__name__}: {v!r:.40})" for name, v in new)
+            warn_every_time(
+                f"arttrace: step {step}: backend.train returned metrics that are not numbers: "
+                f"{shown}. They are left out of metrics.jsonl and model.log (the step is "
+                "recorded as shipped; these are not reported again). Have the backend return "
+                "numbers in TrainResult.metrics",
+                UserWarning,
+            )
+        return kept
 
     async def report(self, metrics: dict[str, float], step: int, split: str) -> None:
         """Send the metrics to ``model.log`` (ART's history and, with ``WANDB_API_KEY`` set,
@@ -131,6 +155,34 @@ class Reporter:
                 error,
                 self.output_dir / "metrics.jsonl",
             )
+
+
+def _flatten(
+    metrics: Mapping[Any, Any],
+    prefix: str,
+    kept: dict[str, float],
+    dropped: list[tuple[str, Any]],
+) -> None:
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            _flatten(value, name + "/", kept, dropped)
+        elif (number := _number(value)) is None:
+            dropped.append((name, value))
+        else:
+            kept[name] = number
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (NaN and infinities included), or ``None`` if it is no number."""
+    if isinstance(value, bytes | bytearray | complex) or value is None:
+        return None
+    try:
+        if not isinstance(value, str) and callable(getattr(value, "item", None)):
+            value = value.item()  # numpy scalars and arrays, torch tensors: one element only
+        return float(value)
+    except Exception:  # no number, or a tensor of many: left out, with a warning
+        return None
 
 
 def reward_stats(rewards: list[float]) -> dict[str, float]:

@@ -122,7 +122,7 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
     if train_result is not None:
-        metrics.update({f"train/{k}": float(v) for k, v in train_result.metrics.items()})
+        metrics.update(trainer.reporter.train_metrics(step, train_result.metrics))
     per_group = {str(groups[pos].metadata["example_id"]): tokens[pos] for pos in signal}
     journal.mark_shipped(
         step, {"groups": len(shipped), "metrics": metrics, "trainable_tokens": per_group}
