@@ -182,6 +182,57 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(t
     assert len(list(checkpoints.iterdir())) == 1  # the demo keeps the latest only
 
 
+async def test_only_the_latest_checkpoints_stay_on_disk_by_default(backend, tmp_path):
+    """Each checkpoint is a full copy of the weights: by default the last two stay (222 MB
+    after 4 steps of the tiny model otherwise). Serving goes on, a new backend resumes from
+    the latest, and keep_checkpoints=None keeps them all."""
+    model = await registered(backend, tmp_path)
+    client = model.openai_client()
+    root = tmp_path / "test" / "models" / "t" / "checkpoints"
+    for _ in range(4):
+        result = await backend.train(model, [await _rewarded_group(client)], learning_rate=1e-3)
+    kept = sorted(p.name for p in root.iterdir())
+    assert kept == [f"{result.step - 1:04d}", f"{result.step:04d}"]
+    reply = await client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=2)
+    assert reply.choices[0].message.content is not None
+    await model.delete_checkpoints()  # ART's call: keeps the latest, the weights being served
+    assert sorted(p.name for p in root.iterdir()) == [f"{result.step:04d}"]
+
+    again = at.CPUBackend(threads=1, keep_checkpoints=None)
+    try:
+        resumed = await registered(again, tmp_path)
+        assert await again._get_step(resumed) == result.step
+        for _ in range(2):
+            await again.train(resumed, [await _rewarded_group(client)], learning_rate=1e-3)
+        assert len(list(root.iterdir())) == 3
+    finally:
+        await again.close()
+    with pytest.raises(ConfigurationError, match="keep at least 1"):
+        at.CPUBackend(keep_checkpoints=0)
+
+
+async def _rewarded_group(client: openai.AsyncOpenAI) -> art.TrajectoryGroup:
+    """Two hot samples of one prompt, captured, rewarded 1 and 0."""
+    at.instrument()
+
+    @at.trainable
+    async def agent() -> None:
+        await client.chat.completions.create(
+            model="policy", messages=MESSAGES, max_tokens=3, temperature=3.0
+        )
+
+    runs = []
+    try:
+        for reward in (1.0, 0.0):
+            with at.trajectory("q") as t:
+                await agent()
+                t.reward = reward
+            runs.append(t.to_art())
+    finally:
+        at.uninstrument()
+    return art.TrajectoryGroup(runs)
+
+
 def test_a_model_folder_without_a_chat_template_is_refused(tmp_path, backend):
     backend.policy.model.save_pretrained(tmp_path)
     tokenizer = backend.policy.tokenizer

@@ -45,8 +45,10 @@ class CPUBackend:
     on a shared machine 1 is often fastest). ``max_tokens``: a request's default completion
     limit. ``train_embeddings=False`` freezes the token embeddings and output projection: with
     a 150k vocabulary they are most of a small model's parameters and of its training time.
-    ``keep_checkpoints``: how many of the latest step checkpoints to keep on disk (``None``:
-    all; each is a full copy of the weights). One backend serves and trains one ART model.
+    ``keep_checkpoints``: how many of the latest step checkpoints to keep on disk (default 2:
+    the one a registration resumes from and the one before; ``None``: all). Each is a full copy
+    of the weights (55 MB for the tiny model), so keeping all fills a disk in a long run. One
+    backend serves and trains one ART model.
     """
 
     def __init__(
@@ -60,7 +62,7 @@ class CPUBackend:
         port: int = 0,
         max_tokens: int = 256,
         train_embeddings: bool = True,
-        keep_checkpoints: int | None = None,
+        keep_checkpoints: int | None = 2,
     ) -> None:
         if keep_checkpoints is not None and keep_checkpoints < 1:
             raise ConfigurationError(
@@ -123,7 +125,10 @@ class CPUBackend:
         return self._step
 
     async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
-        for step, folder in self._checkpoints(model):
+        """``model.delete_checkpoints()``: the latest is kept whatever ``steps_to_keep`` says
+        (it holds the weights being served, which a registration resumes from)."""
+        found = self._checkpoints(model)
+        for step, folder in found[:-1]:
             if step not in steps_to_keep:
                 shutil.rmtree(folder, ignore_errors=True)
 
