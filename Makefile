@@ -1,8 +1,20 @@
 # One command sets up and runs the main job (`make demo`); one sets up and runs the tests
 # (`make test`). Either order, in one clone: both install from uv.lock into .venv, the demo's
 # set being a subset of the tests' (the lock resolves every extra and group together).
-# Needs Python 3.12: found on PATH, or through pyenv (PYENV_VERSION=3.12 pyenv which python3.12).
-PYTHON ?= $(shell PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null || command -v python3.12 2>/dev/null)
+# Needs Python 3.12 or newer: the first of python3.12, python3.13, python3.14 (through pyenv, or
+# on PATH) and python3 (on PATH) that is at least 3.12; or make PYTHON=/path/to/python3.
+IS_312 := import sys; sys.exit(sys.version_info < (3, 12))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for v in 3.12 3.13 3.14; do \
+    for p in "$$(PYENV_VERSION=$$v pyenv which python$$v 2>/dev/null)" "$$(command -v python$$v)"; do \
+      [ -n "$$p" ] && "$$p" -c '$(IS_312)' 2>/dev/null && { echo "$$p"; exit; }; \
+    done; done; \
+  p="$$(command -v python3)" && "$$p" -c '$(IS_312)' 2>/dev/null && echo "$$p")
+endif
+NO_PYTHON := Python 3.12 or newer not found (python3.12, python3.13, python3.14 or python3, on \
+  PATH or through pyenv): install one (pyenv install 3.12) or run make PYTHON=/path/to/python3
+OLD_PYTHON := $(PYTHON) is not Python 3.12 or newer: install one (pyenv install 3.12) or run \
+  make PYTHON=/path/to/python3.12
 UV_VERSION := 0.13.9
 TOOLS := .tools
 UV := $(TOOLS)/bin/uv
@@ -16,9 +28,10 @@ TEST_SET := --all-extras --group test --group docs
 .PHONY: setup setup-test demo test lint docs bench lock test-latest test-vllm clean
 
 # uv itself, pinned, in its own small venv (so syncing .venv never removes it).
+# The Python checks are make's own errors (one line, nothing run), raised when uv is needed.
 $(UV):
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null || { \
-	  echo "Python 3.12 not found: install it (pyenv install 3.12) or run make PYTHON=/path/to/python3.12"; exit 1; }
+	$(if $(PYTHON),,$(error $(NO_PYTHON)))
+	$(if $(shell "$(PYTHON)" -c '$(IS_312)' 2>/dev/null && echo ok),,$(error $(OLD_PYTHON)))
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install -q uv==$(UV_VERSION)
 
