@@ -26,9 +26,10 @@ from ._errors import (
 from ._instrument import instrument, is_instrumented, uninstrument, wrap_openai
 from .capture._calls import Settings
 from .capture._records import ChoiceRecord, LLMCall
+from .capture._threads import carry
 from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
-from .capture._warnings import NothingToTrainWarning, UntrainableTurnWarning
+from .capture._warnings import NothingToTrainWarning, RunOutlivedWarning, UntrainableTurnWarning
 
 if TYPE_CHECKING:
     from .gateway import Gateway
@@ -74,6 +75,7 @@ __all__ = [
     "NothingToTrainWarning",
     "ResumeError",
     "RunLockedError",
+    "RunOutlivedWarning",
     "Settings",
     "StepResult",
     "Trainer",
@@ -81,6 +83,7 @@ __all__ = [
     "Trajectory",
     "UntrainableTurnWarning",
     "UsageError",
+    "carry",
     "current_trajectory",
     "instrument",
     "is_instrumented",

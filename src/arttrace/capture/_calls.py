@@ -21,6 +21,7 @@ from ._guard import guarded
 from ._layers import is_paired
 from ._records import UNREADABLE, LLMCall
 from ._redact import error_text, exception_attributes, redact, scrub_params
+from ._threads import report_late_call
 from ._warnings import warn_untrainable
 
 if TYPE_CHECKING:
@@ -216,6 +217,8 @@ class CallLog:
             self._drop(call, "ended")
 
     def _drop(self, call: OpenCall, when: str) -> None:
+        with guarded("reporting a call after its run ended"):
+            report_late_call(self)  # a thread or task the run handed work to: warned per cause
         with self._lock:
             first, self._dropped = not self._dropped, True
         if first:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +30,9 @@ current_trajectory_var: ContextVar[Trajectory | None] = ContextVar(
 trainable_scopes: ContextVar[tuple[TrainableScope, ...]] = ContextVar(
     "arttrace_trainable_scopes", default=()
 )
+open_runs: weakref.WeakSet[Trajectory] = weakref.WeakSet()
+"""The runs whose ``with`` block is open, in any thread: a thread still calling for an ended
+run while others are open is likely a shared worker (``_threads``)."""
 capturing: ContextVar[bool] = ContextVar("arttrace_capturing", default=False)
 """Set while a captured call runs, so nested wrappers (a wrapped client under the global
 patch, ``with_raw_response`` over ``create``) record it once."""

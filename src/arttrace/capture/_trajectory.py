@@ -83,6 +83,7 @@ class Trajectory:
             otel_context.attach(trace.set_span_in_context(span)),
             span,
         )
+        _context.open_runs.add(self)
         return self
 
     def __exit__(
@@ -97,6 +98,7 @@ class Trajectory:
             return
         token, otel_token, span = self._scope
         self._scope = None
+        _context.open_runs.discard(self)
         with guarded("ending a trajectory's calls"):
             self.call_log.freeze("the trajectory ended before the call finished")
         with guarded("checking that a run recorded a policy turn"):

@@ -154,6 +154,47 @@ def warn_nothing_to_train(example_id: str, cause: str, *, gateway: bool = False)
     )
 
 
+class RunOutlivedWarning(UserWarning):
+    """Work a run handed to another thread called the model after the run ended: the call
+    belongs to no run. Its cause says whether the thread outlived the run or serves other runs
+    (a shared worker started inside one run)."""
+
+
+_RUN_OUTLIVED = {
+    "thread": (
+        "a thread started inside run {run!r} called the model after the run ended, so the call "
+        "belongs to no run; later calls with this cause are not reported again. Join the "
+        "thread inside the run's `with` block; a worker that outlives runs is started outside "
+        "them, and each piece of work is handed over with arttrace.carry(fn)."
+    ),
+    "task": (
+        "work submitted inside run {run!r} (ThreadPoolExecutor.submit, loop.run_in_executor, "
+        "arttrace.carry) ran after the run ended, so its call belongs to no run; later calls "
+        "with this cause are not reported again. Wait for its result inside the run's `with` "
+        "block."
+    ),
+    "shared worker": (
+        "a thread started inside run {run!r} is still calling the model after that run ended, "
+        "while other runs are open: it looks like a shared worker (a queue consumer) serving "
+        "other runs' work. Its calls belong to no run now, and while {run!r} was open they "
+        "were recorded into {run!r}, whichever run the work came from; later calls with this "
+        "cause are not reported again. Start shared workers outside every run and hand each "
+        "piece of work over with arttrace.carry(fn) (it records into the run that made it), or "
+        "open the run inside the worker."
+    ),
+}
+
+
+def warn_run_outlived(example_id: str, cause: str) -> None:
+    """Warn once per ``cause`` (``"thread"``, ``"task"`` or ``"shared worker"``) that work
+    carried into another thread called after its run ended."""
+    _warn_once(
+        ("run outlived", cause),
+        "arttrace: " + _RUN_OUTLIVED[cause].format(run=example_id),
+        RunOutlivedWarning,
+    )
+
+
 def fix_for(cause: str) -> str:
     """The advice for ``cause``: an untrainable reason or a nothing-to-train cause."""
     return _FIXES.get(cause) or _NOTHING_TO_TRAIN.get(cause, "")
