@@ -127,3 +127,21 @@ def test_flags_that_do_not_go_together_are_refused(tmp_path, capsys, args, messa
     with pytest.raises(SystemExit):
         run("--out", str(tmp_path / "demo"), *args)
     assert message in capsys.readouterr().err
+
+
+def test_a_step_that_ships_nothing_says_so_in_its_line(tmp_path, capsys):
+    """Every run scores the same, so every group is flat: the step's line says that nothing
+    shipped and why, where the step would otherwise pass without a word."""
+    with serve(ScriptedLLM(lambda request: "Hello.")) as server:
+        code = run(
+            "--base-url", server.base_url, "--model", "my-policy", "--out", str(tmp_path / "d"),
+            "--examples", "2", "--rollouts", "3", "--steps", "1",
+        )  # fmt: skip
+    assert code == 0
+    told = capsys.readouterr().err.splitlines()
+    assert next(x for x in told if x.startswith("val step 0: reward")) == (
+        "val step 0: reward 0.000 over 64 runs"
+    )
+    line = next(x for x in told if x.startswith("train step 0: reward"))
+    assert line.startswith("train step 0: reward 0.000 (0.00-0.00) over 6 runs; nothing shipped: ")
+    assert "all 2 groups are flat (each group's runs scored the same)" in line, line

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +28,8 @@ import art
 import openai
 
 import arttrace as at
-from arttrace._errors import ConfigurationError
+
+from ._demo_checks import api_key, check_server
 
 SYSTEM = "Greet the customer."
 MODEL_NAME = "demo-policy"
@@ -117,6 +118,7 @@ async def run_greeter_demo(
     base_url: str | None = None,
     served_model: str | None = None,
     reward: Callable[[str, str], float] = house_style_reward,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Train the greeter and return the run's summary.
 
@@ -125,6 +127,7 @@ async def run_greeter_demo(
     with the tiny model), validating on held-out customers before and after. With ``base_url``
     and ``served_model``: the same steps against that OpenAI-compatible server, shipped to a
     :class:`~arttrace.DryRunBackend` in ``out/dry_run``. ``reward(customer, reply)`` scores a run.
+    ``progress``: tell on stderr what the run is doing (the Trainer's lines and progress bars).
     """
     from .demo import fresh
 
@@ -139,6 +142,7 @@ async def run_greeter_demo(
         backend = at.DryRunBackend(out / "dry_run", inference_base_url=base_url)
         name = served_model
     else:
+        _say(progress, "building the policy: a tiny Qwen2 with random weights (CPUBackend)")
         backend = backend or at.CPUBackend(
             config=s.config, seed=seed, threads=1, train_embeddings=False, keep_checkpoints=1
         )
@@ -153,6 +157,11 @@ async def run_greeter_demo(
     await model.register(backend)
     warm_up_seconds = 0.0
     if base_url is None:
+        _say(
+            progress,
+            f"warm-up: supervised training on {2 * s.warm_up_batches} customers x "
+            f"{len(GREETINGS)} greetings alike, so the policy starts at chance between them",
+        )
         warm_started = time.perf_counter()
         await model.train_sft(
             warm_up_trajectories(train_set, 2 * s.warm_up_batches, random.Random(seed)),
@@ -160,9 +169,15 @@ async def run_greeter_demo(
             log_metrics=False,
         )
         warm_up_seconds = time.perf_counter() - warm_started
+        _say(progress, f"warm-up done in {warm_up_seconds:.0f} s")
+    _say(
+        progress,
+        f"GRPO: {s.steps} steps of {s.examples} customers x {s.rollouts} runs, rewarding "
+        f"{HOUSE_GREETING!r}; validation on {len(val_set)} held-out customers before and after",
+    )
 
     client = openai.AsyncOpenAI(
-        base_url=model.inference_base_url, api_key=_api_key(base_url), max_retries=0
+        base_url=model.inference_base_url, api_key=api_key(base_url), max_retries=0
     )
     agent = make_agent(client, name)
 
@@ -181,7 +196,7 @@ async def run_greeter_demo(
         learning_rate=s.learning_rate,
         output_dir=out,
         seed=seed,
-        progress=False,
+        progress=progress,
         log_to_model=False,
     )
     try:
@@ -191,7 +206,7 @@ async def run_greeter_demo(
         await backend.close()
 
     validations = [json.loads(line) for line in (out / "validation.jsonl").open()]
-    losses = [r.metrics["train/loss"] for r in results if "train/loss" in r.metrics]
+    losses = [(r.step, r.metrics["train/loss"]) for r in results if "train/loss" in r.metrics]
     if base_url is None:
         label = f"cpu (CPUBackend: tiny Qwen2, {backend.policy.parameters / 1e6:.1f}M parameters)"
     else:
@@ -205,8 +220,10 @@ async def run_greeter_demo(
         "val_reward_last": validations[-1]["reward_mean"],
         "train_reward_first": results[0].metrics["reward_mean"],
         "train_reward_last": results[-1].metrics["reward_mean"],
-        "loss_first": losses[0] if losses else float("nan"),
-        "loss_last": losses[-1] if losses else float("nan"),
+        "loss_first": losses[0][1] if losses else float("nan"),
+        "loss_first_step": losses[0][0] if losses else None,
+        "loss_last": losses[-1][1] if losses else float("nan"),
+        "loss_last_step": losses[-1][0] if losses else None,
         "warm_up_seconds": warm_up_seconds,
         "rollout_seconds": sum(r.metrics["rollout_seconds"] for r in results),
         "train_seconds": sum(r.metrics["train_seconds"] for r in results),
@@ -225,28 +242,7 @@ def redraw_plot(out: Path, title: str, validations: list[dict[str, Any]]) -> Non
     reward_plot(out / "reward_plot.png", steps, validations, title=title)
 
 
-async def check_server(base_url: str, served_model: str) -> None:
-    """One request before the run, so that a wrong URL or model name is one clear error."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=_api_key(base_url), max_retries=0)
-    try:
-        await client.chat.completions.create(
-            model=served_model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
-        )
-    except openai.APIConnectionError as error:
-        raise ConfigurationError(
-            f"cannot reach {base_url} ({error.__cause__ or error}): start your vLLM server "
-            "(e.g. `vllm serve MODEL --return-tokens-as-token-ids`) or fix --base-url (it ends "
-            "in /v1)"
-        ) from error
-    except openai.APIStatusError as error:
-        raise ConfigurationError(
-            f"{base_url} answered {error.status_code} for model {served_model!r}: "
-            f"{error.message}. Check --model (the name the server serves) and --base-url"
-        ) from error
-    finally:
-        await client.close()
-
-
-def _api_key(base_url: str | None) -> str:
-    """Your server's key from ``OPENAI_API_KEY`` (vLLM started without one accepts any)."""
-    return os.environ.get("OPENAI_API_KEY", "EMPTY") if base_url else "cpu"
+def _say(progress: bool, line: str) -> None:
+    """A line on stderr about what the demo is doing, where the Trainer writes its own."""
+    if progress:
+        print(line, file=sys.stderr, flush=True)

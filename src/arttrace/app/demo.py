@@ -23,8 +23,9 @@ import art
 import openai
 
 import arttrace as at
-from arttrace._errors import ConfigurationError
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+
+from ._demo_checks import MARKER, check_options, check_out
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -93,6 +94,8 @@ async def run_demo(
     backend: str | None = None,
     base_url: str | None = None,
     model: str | None = None,
+    *,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run the demo and return the run's summary.
 
@@ -101,23 +104,14 @@ async def run_demo(
     the greeter's loop against your OpenAI-compatible server instead (a vLLM serving
     ``model``), shipping to a :class:`~arttrace.DryRunBackend`. Writes under ``out`` the
     Trainer's outputs (metrics, validation, plot, journal of every run); ``None`` sizes take
-    the backend's defaults. A previous demo run in ``out`` is replaced.
+    the backend's defaults. A previous demo run in ``out`` is replaced. ``progress``: tell
+    on stderr what the demo is doing (each step's line, a progress bar of its runs).
     """
-    if base_url is not None or model is not None:
-        if backend == "cpu":
-            raise ConfigurationError(
-                "--backend cpu serves its own tiny model: drop --base-url/--model to use it, "
-                "or drop --backend to run the loop against your server"
-            )
-        if not (base_url and model):
-            raise ConfigurationError(
-                "--base-url and --model go together: your server's /v1 URL and the model "
-                "name it serves"
-            )
-    elif backend not in (None, "cpu", "dry-run"):
-        raise ConfigurationError(f"unknown demo backend {backend!r}: use 'cpu' or 'dry-run'")
+    check_options(backend, base_url, model)
     if backend == "dry-run" and base_url is None:
-        return await run_dry_run_demo(out, examples or 4, rollouts or 4, steps or 2, seed)
+        return await run_dry_run_demo(
+            out, examples or 4, rollouts or 4, steps or 2, seed, progress=progress
+        )
     from ._greeter_demo import CPUSettings, run_greeter_demo
 
     defaults = CPUSettings()
@@ -128,12 +122,18 @@ async def run_demo(
         steps=steps or defaults.steps,
     )
     return await run_greeter_demo(
-        out, seed, settings=settings, base_url=base_url, served_model=model
+        out, seed, settings=settings, base_url=base_url, served_model=model, progress=progress
     )
 
 
 async def run_dry_run_demo(
-    out: Path, examples: int = 4, rollouts: int = 4, steps: int = 2, seed: int = 0
+    out: Path,
+    examples: int = 4,
+    rollouts: int = 4,
+    steps: int = 2,
+    seed: int = 0,
+    *,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Train for ``steps`` GRPO steps on a dry-run backend; return the run's summary.
 
@@ -173,7 +173,7 @@ async def run_dry_run_demo(
             groups_per_step=examples,
             output_dir=out,
             seed=seed,
-            progress=False,
+            progress=progress,
         )
         results = await trainer.train(num_steps=steps)
         await client.close()
@@ -198,12 +198,9 @@ async def run_dry_run_demo(
 def fresh(out: Path) -> None:
     """Make ``out`` empty for the demo: a folder the demo made before is cleared, any other
     non-empty folder is refused."""
-    marker = out / ".arttrace-demo"
+    check_out(out)
+    marker = out / MARKER
     if out.exists() and any(out.iterdir()):
-        if not marker.exists():
-            raise ConfigurationError(
-                f"{out} is not empty and holds no earlier demo: choose another --out"
-            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     marker.touch()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -108,7 +109,10 @@ class Reporter:
     async def report(self, metrics: dict[str, float], step: int, split: str) -> None:
         """Send the metrics to ``model.log`` (ART's history and, with ``WANDB_API_KEY`` set,
         W&B) and redraw the reward plot if the last drawing is ``PLOT_INTERVAL`` old, in the
-        background. The trajectories themselves are in the journal."""
+        background. The trajectories themselves are in the journal. With ``progress``, one
+        line on stderr says what the step (or validation) did."""
+        if self.progress:
+            tqdm.write(progress_line(metrics, split), file=sys.stderr)
         await self.flush()
         now = time.monotonic()
         plot = now - self._plotted_at >= PLOT_INTERVAL
@@ -183,6 +187,42 @@ def _number(value: Any) -> float | None:
         return float(value)
     except Exception:  # no number, or a tensor of many: left out, with a warning
         return None
+
+
+def progress_line(metrics: dict[str, float], split: str) -> str:
+    """What a step or a validation did, in one line: its rewards; what shipped, and why a
+    group did not (a step that ships nothing says so); the loss when the backend reports one."""
+    step, reward, raised = int(metrics["step"]), metrics["reward_mean"], metrics["exceptions"]
+    if split != "train":
+        line = f"{split} step {step}: reward {reward:.3f} over {int(metrics['examples'])} runs"
+        return line + (f" ({int(raised)} raised)" if raised else "")
+    kept, total, flat = (int(metrics[k]) for k in ("groups_kept", "groups_total", "groups_dropped"))
+    line = (
+        f"train step {step}: reward {reward:.3f} ({metrics['reward_min']:.2f}-"
+        f"{metrics['reward_max']:.2f}) over {int(metrics['trajectories_scored'])} runs; "
+    )
+    if kept == 0 and flat == total:
+        groups = "the group is" if total == 1 else f"all {total} groups are"
+        line += f"nothing shipped: {groups} flat (each group's runs scored the same), so the "
+        line += "step teaches nothing"
+    else:
+        why = [
+            f"{int(n)} {name}"
+            for n, name in (
+                (flat, "flat"),
+                (metrics.get("groups_excluded_by_curriculum", 0), "left out by the curriculum"),
+                (metrics.get("groups_without_trainable_tokens", 0), "with no trainable token"),
+            )
+            if n
+        ]
+        line += f"{kept} of {total} groups shipped" + (f" ({', '.join(why)})" if why else "")
+        line += f", {int(metrics['trainable_tokens'])} tokens" if kept else ""
+    if "train/loss" in metrics:
+        line += f"; loss {metrics['train/loss']:.4g}"
+    if raised:
+        line += f"; {int(raised)} runs raised"
+    seconds = metrics["rollout_seconds"], metrics["train_seconds"]
+    return line + "; {:.1f} s rollouts, {:.1f} s training".format(*seconds)
 
 
 def reward_stats(rewards: list[float]) -> dict[str, float]:
