@@ -108,7 +108,7 @@ class Capture(OpenCall):
             if value is not None and _given(value) and not isinstance(value, list | tuple):
                 kwargs = {**kwargs, name: list(value)}
         self.kwargs = kwargs
-        remember_client(server, [kwargs.get("extra_headers")])
+        remember_client(server, [kwargs.get("extra_headers"), kwargs.get("extra_query")])
         tools = kwargs.get("tools") if _given(kwargs.get("tools")) else None
         call = LLMCall(
             model=model,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from . import _context
 from ._guard import guarded
 from ._imports import when_imported
+from ._redact import remember_request
 from ._sse import EventReader
 
 if TYPE_CHECKING:
@@ -143,13 +144,21 @@ class _Server:
 
 
 def open_exchange(
-    api: str, body: Any, host: str | None, port: int | None
+    api: str,
+    body: Any,
+    host: str | None,
+    port: int | None,
+    *,
+    headers: Any = None,
+    url: Any = None,
 ) -> tuple[Exchange, Any] | None:
     """The exchange recording a call to ``api`` with JSON ``body`` (its bytes, or the object
     a client will serialise), and the body to send instead, in the same form (``None``: send
     the caller's). ``None`` when the body is not a JSON object or arttrace failed (the call
-    then passes untouched; the failure is logged)."""
+    then passes untouched; the failure is logged). The credentials in ``headers`` and in the
+    query of ``url`` are blanked out of whatever is recorded (:mod:`._redact`)."""
     with guarded("starting the record of an HTTP call"):
+        remember_request(headers, url)
         if not body or _context.records_itself(host, port):
             return None  # no JSON to read, or an arttrace.Gateway here records the call
         import orjson

@@ -57,7 +57,15 @@ def _open(
         body = data
     if body is None:
         return None
-    opened = open_exchange(api, body, url.host, url.port)
+    params = kwargs.get("params")
+    opened = open_exchange(
+        api,
+        body,
+        url.host,
+        url.port,
+        headers=_headers(session, kwargs),
+        url=str(url.update_query(params) if params else url),
+    )
     if opened is None:
         return None
     exchange, new_body = opened
@@ -66,6 +74,16 @@ def _open(
     with guarded("rewriting an aiohttp request", exchange.lost):
         return exchange, _rewritten(kwargs, new_body)
     return exchange, kwargs
+
+
+def _headers(session: aiohttp.ClientSession, kwargs: dict[str, Any]) -> list[Any]:
+    """The headers that may carry this request's credentials: the session's and the call's,
+    and the ``Authorization`` of their ``BasicAuth``."""
+    pairs: list[Any] = [*session.headers.items(), *CIMultiDict(kwargs.get("headers") or {}).items()]
+    for auth in (kwargs.get("auth"), session.auth):
+        if isinstance(auth, aiohttp.BasicAuth):
+            pairs.append(("authorization", auth.encode()))
+    return pairs
 
 
 def _rewritten(kwargs: dict[str, Any], body: Any) -> dict[str, Any]:

@@ -32,7 +32,9 @@ def unpatch() -> None:
 
 
 @starting
-def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, httpx.Request] | None:
+def _open(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Exchange, httpx.Request] | None:
     """The exchange of this ``send`` and the request to send, or ``None`` to pass it."""
     request = args[0] if args else kwargs.get("request")
     if not isinstance(request, httpx.Request):
@@ -44,7 +46,14 @@ def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, http
         body = request.content
     except httpx.RequestNotRead:  # a streamed upload: not an LLM call's JSON
         return None
-    opened = open_exchange(api, body, request.url.host, request.url.port)
+    opened = open_exchange(
+        api,
+        body,
+        request.url.host,
+        request.url.port,
+        headers=[*request.headers.multi_items(), *_auth(instance, kwargs)],
+        url=str(request.url),
+    )
     if opened is None:
         return None
     exchange, new_body = opened
@@ -63,6 +72,18 @@ def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, http
     return exchange, request
 
 
+def _auth(client: Any, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+    """The ``Authorization`` that httpx's ``auth`` (of this ``send``, else the client's) will
+    add after this hook: a ``BasicAuth``'s is known in advance."""
+    auth = kwargs.get("auth", httpx.USE_CLIENT_DEFAULT)
+    if auth is httpx.USE_CLIENT_DEFAULT:
+        auth = getattr(client, "auth", None)
+    if isinstance(auth, tuple) and len(auth) == 2:
+        auth = httpx.BasicAuth(*auth)
+    header = getattr(auth, "_auth_header", None)
+    return [("authorization", header)] if isinstance(header, str) else []
+
+
 def _args(
     request: httpx.Request, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -73,7 +94,7 @@ def _args(
 
 @mark
 def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = None if passing() else _open(args, kwargs)
+    opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened
@@ -91,7 +112,7 @@ def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any
 
 @mark
 def _asend(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    opened = None if passing() else _open(args, kwargs)
+    opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened

@@ -41,7 +41,14 @@ def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, Any]
     api = endpoint(getattr(request, "method", ""), url.path)
     if api is None:
         return None
-    opened = open_exchange(api, request.body, url.hostname, url.port)
+    opened = open_exchange(
+        api,
+        request.body,
+        url.hostname,
+        url.port,
+        headers=getattr(request, "headers", None),
+        url=getattr(request, "url", None),
+    )
     if opened is None:
         return None
     exchange, new_body = opened

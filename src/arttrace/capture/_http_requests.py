@@ -40,7 +40,9 @@ def _open(request: Any) -> tuple[Exchange, Any] | None:
     body = request.body
     if api is None or not isinstance(body, bytes | str):
         return None
-    opened = open_exchange(api, body, url.hostname, url.port)
+    opened = open_exchange(
+        api, body, url.hostname, url.port, headers=request.headers, url=request.url
+    )
     if opened is None:
         return None
     exchange, new_body = opened

@@ -56,7 +56,9 @@ def _open(
     api = endpoint(call.method, urllib.parse.urlsplit(call.url).path)
     if api is None or not isinstance(call.body, bytes | str):
         return None
-    opened = open_exchange(api, call.body, connection.host, connection.port)
+    opened = open_exchange(
+        api, call.body, connection.host, connection.port, headers=call.headers, url=call.url
+    )
     if opened is None:
         return None
     exchange, new_body = opened

@@ -1,19 +1,28 @@
 """Secrets never reach what arttrace stores or exports.
 
-A server's error body may echo the API key (a 401 saying "Incorrect API key provided: sk-...");
-arttrace keeps error texts in records, journals and spans, so every such text passes through
-:func:`redact`. It removes the keys the shim has seen in requests (the client's ``api_key``, the
-values of ``Authorization``/``api-key`` headers) and text shaped like a key (``sk-...``,
-``Bearer ...``). The keys seen are held in memory only. Request parameters that carry headers or
-keys are dropped from records (:func:`scrub_params`). The exception the caller gets is untouched.
+A server's error body may echo the credentials it refuses (a 401 saying "Incorrect API key
+provided: sk-..."); arttrace keeps error texts in records, journals and spans, so every such
+text passes through :func:`redact`. It removes every credential a layer has seen the caller
+send, whatever its scheme: the client's ``api_key``, the value of any credential-bearing header
+(``Authorization`` with ``Bearer``, ``Basic`` (its base64, and the decoded ``user:password``
+and password), ``Token``, ``Api-Key`` or any other scheme; ``api-key``, ``x-api-key``,
+``x-goog-api-key``, cookies, ...), and credential-named query parameters (``?key=``,
+``?api-key=``, ``?access_token=``, ...), each also as it reads percent-encoded or JSON-escaped;
+and text shaped like a key (``sk-...``, ``Bearer ...``). The secrets seen are held in memory
+only. Request parameters that carry headers, queries or keys are dropped from records
+(:func:`scrub_params`). The exception the caller gets is untouched.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+import urllib.parse
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -26,35 +35,126 @@ _SHAPES = re.compile(
     re.IGNORECASE,
 )
 _SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "api-key", "x-api-key", "x-goog-api-key"}
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "x-goog-api-key", "cookie"}
 )
+_SECRET_WORDS = ("auth", "key", "token", "secret", "passw", "credential", "cookie", "signature")
+"""A header or query parameter whose name holds one of these carries a credential."""
 _SECRET_PARAMS = frozenset(
     {"extra_headers", "headers", "default_headers", "api_key", "openai_api_key", "authorization"}
 )
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9._+-]*)\s+(\S.*)", re.DOTALL)
+"""``<scheme> <credentials>``, the form of an ``Authorization`` value."""
+_PARTS = re.compile(r"[,;]")
 _known: tuple[str, ...] = ()
-"""The keys seen, longest first; replaced whole when a new one is seen (rare), read lock-free."""
+"""The secrets seen, longest first; replaced whole when a new one is seen (rare), read
+lock-free."""
+_read: frozenset[str] = frozenset()
+"""The values already taken apart by :func:`remember` (each caller sends the same ones)."""
 _lock = threading.Lock()
 
 
 def remember(secret: object) -> None:
-    """Redact ``secret`` (a key or a header value) from now on."""
-    if not isinstance(secret, str):
+    """Redact ``secret`` (a key, or a credential header's value, whatever its scheme) from now
+    on: the whole value, its credentials after the scheme, a ``Basic`` pair decoded (and its
+    password), the values of ``name=value`` parts (Digest, cookies), each as it may be echoed
+    (percent-encoded, JSON-escaped)."""
+    global _known, _read
+    if isinstance(secret, bytes):
+        secret = secret.decode("latin-1")
+    if not isinstance(secret, str) or secret in _read:
         return
-    value = secret.strip()
-    if value.lower().startswith("bearer "):
-        value = value[7:].strip()
-    global _known
-    if len(value) >= _MIN_SECRET and value not in _known:
-        with _lock:
-            _known = tuple(sorted({*_known, value}, key=len, reverse=True))
+    found = {form for value in _values(secret.strip()) for form in _forms(value)}
+    found = {value for value in found if len(value) >= _MIN_SECRET}
+    with _lock:
+        _read = _read | {secret}
+        if not found <= set(_known):
+            _known = tuple(sorted({*_known, *found}, key=len, reverse=True))
+
+
+def _values(value: str) -> Iterator[str]:
+    """``value`` and the credentials it holds."""
+    yield value
+    scheme = _SCHEME.fullmatch(value)
+    if scheme is not None:
+        credentials = scheme[2].strip()
+        yield credentials
+        if scheme[1].lower() == "basic":
+            yield from _basic(credentials)
+    for part in _PARTS.split(value):
+        name, equals, rest = part.partition("=")
+        if equals and name.strip() and " " not in name.strip():
+            yield rest.strip().strip('"')
+
+
+def _basic(credentials: str) -> Iterator[str]:
+    """A ``Basic`` credential decoded: ``user:password``, and the password."""
+    try:
+        pair = base64.b64decode(credentials, validate=True).decode()
+    except (binascii.Error, ValueError):
+        return
+    yield pair
+    yield pair.partition(":")[2]
+
+
+def _forms(value: str) -> Iterator[str]:
+    """``value`` as a server may echo it: as is, percent-encoded or decoded, JSON-escaped."""
+    for form in {value, urllib.parse.unquote_plus(value), urllib.parse.quote(value, safe="")}:
+        yield form
+        yield json.dumps(form)[1:-1]
+        yield form.replace("/", "\\/")
+
+
+def secret_name(name: object) -> bool:
+    """Whether a header or query parameter called ``name`` carries a credential."""
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+    if not isinstance(name, str):
+        return False
+    lowered = name.lower()
+    return lowered in _SECRET_HEADERS or any(word in lowered for word in _SECRET_WORDS)
 
 
 def remember_headers(headers: object) -> None:
-    """Remember the values of the secret-bearing headers in ``headers`` (a mapping)."""
-    if isinstance(headers, Mapping):
-        for name, value in headers.items():
-            if isinstance(name, str) and name.lower() in _SECRET_HEADERS:
-                remember(value)
+    """Remember the values of the credential-bearing headers in ``headers`` (a mapping, or
+    ``(name, value)`` pairs)."""
+    for name, value in _pairs(headers):
+        if secret_name(name):
+            remember(value)
+
+
+def remember_query(query: object) -> None:
+    """Remember the values of the credential-named parameters of ``query`` (a URL, its query
+    string, a mapping, or ``(name, value)`` pairs)."""
+    if isinstance(query, bytes):
+        query = query.decode("latin-1")
+    if isinstance(query, str):
+        if "?" in query or "://" in query:  # a URL: its query
+            query = query.partition("?")[2]
+        query = [part.partition("=")[::2] for part in query.split("&") if "=" in part]
+        query = [(urllib.parse.unquote_plus(name), value) for name, value in query]
+    for name, value in _pairs(query):
+        if secret_name(name):
+            remember(value if isinstance(value, str | bytes) else str(value))
+
+
+def remember_request(headers: object = None, url: object = None) -> None:
+    """Remember the credentials a request carries in its headers and in its URL's query."""
+    remember_headers(headers)
+    remember_query(url if isinstance(url, str | bytes) else str(url or ""))
+
+
+def _pairs(items: object) -> Iterator[tuple[object, object]]:
+    if items is None:
+        return
+    multi = getattr(items, "multi_items", None)  # httpx.Headers: every value of a name
+    if callable(multi):
+        yield from multi()
+    elif isinstance(items, Mapping):
+        yield from items.items()
+    elif isinstance(items, Iterable) and not isinstance(items, str | bytes):
+        for item in items:
+            if isinstance(item, tuple | list) and len(item) == 2:
+                yield item[0], item[1]
 
 
 def redact(text: str) -> str:
@@ -80,11 +180,15 @@ def exception_attributes(error: BaseException) -> dict[str, str]:
 
 
 def scrub_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Request parameters as records keep them: headers and keys dropped (their secret values
-    remembered for :func:`redact`), secret-shaped strings redacted."""
+    """Request parameters as records keep them: headers, queries and keys dropped (their
+    secret values remembered for :func:`redact`), secret-shaped strings redacted."""
     out: dict[str, Any] = {}
     for name, value in params.items():
-        if name.lower() in _SECRET_PARAMS or name.lower().endswith(("_headers", "api_key")):
+        lowered = name.lower()
+        if lowered.endswith("_query"):
+            remember_query(value)
+            continue
+        if lowered in _SECRET_PARAMS or lowered.endswith(("_headers", "api_key")):
             remember_headers(value)
             remember(value)
             continue
@@ -103,11 +207,20 @@ def _redacted(value: Any) -> Any:
 
 
 def remember_client(client: Any, extra: Iterable[object] = ()) -> None:
-    """Remember the secrets an OpenAI client sends: its ``api_key`` and default headers."""
-    remember(getattr(client, "api_key", None))
+    """Remember the secrets an OpenAI client sends: its keys, its default headers and query,
+    the query of its base URL, the ``auth`` of its httpx client; and those of one request
+    (``extra``: its ``extra_headers`` / ``extra_query``)."""
+    for name in ("api_key", "admin_api_key", "_azure_ad_token"):
+        remember(getattr(client, name, None))
     remember_headers(getattr(client, "_custom_headers", None))
+    remember_query(getattr(client, "_custom_query", None))
+    remember_query(str(getattr(client, "base_url", "") or ""))
+    auth = getattr(getattr(client, "_client", None), "auth", None)
+    remember(getattr(auth, "_auth_header", None))  # httpx.BasicAuth's "Basic ..."
     for value in extra:
-        remember_headers(value)
+        if isinstance(value, Mapping):
+            remember_headers(value)
+            remember_query(value)
 
 
 class UpstreamError(Exception):

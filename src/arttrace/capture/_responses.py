@@ -118,7 +118,7 @@ class ResponsesCall(OpenCall):
         if isinstance(items, Iterable) and not isinstance(items, str | list | Mapping):
             body = {**body, "input": list(items)}  # an iterator would be used up by the record
         self.body = self.kwargs = body
-        remember_client(server, [body.get("extra_headers")])
+        remember_client(server, [body.get("extra_headers"), body.get("extra_query")])
         call = LLMCall(
             model=model,
             messages=[],
