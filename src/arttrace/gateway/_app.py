@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..capture import _context
 from ..capture._guard import guarded
-from ..capture._redact import remember
+from ..capture._redact import remember, remember_query
 from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
@@ -120,6 +120,7 @@ class GatewayApp:
             parsed = _json_object(body)
             if parsed is not None:
                 with guarded("the gateway preparing a call's record"):
+                    remember_query(request.scope["query_string"])  # blanked out of the record
                     sent = run.body_to_send(path, parsed)
                     if sent is not parsed:
                         body = _dumps(sent)
