@@ -100,7 +100,9 @@ class Trainer[ExampleT]:
             its groups stay in the journal and ``resume=True`` ships them, after asking the
             backend whether the cancelled call trained them.
         log_to_model: Send each step's metrics to ``model.log`` (ART's history, W&B).
-        progress: Show a progress bar of the step's runs and their mean reward.
+        progress: Show a progress bar of the step's runs and their mean reward, and one line
+            on stderr per step and validation: rewards, groups shipped (or why none did),
+            loss.
         **train_kwargs: Passed to ``backend.train`` unchanged (``kl_penalty_coef``,
             ``loss_fn``, ...). Each name is checked when the Trainer is built, against the
             backend's ``train`` signature (or, when it takes ``**kwargs``, the keywords of
