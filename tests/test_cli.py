@@ -77,7 +77,7 @@ def test_an_unknown_option_of_a_command_prints_that_commands_usage(light):
 def test_help_shows_the_real_defaults():
     from arttrace.app._greeter_demo import CPUSettings
 
-    for args in ((), ("demo",)):
+    for args in ((), ("demo",), ("gateway",)):
         result = arttrace(*args, "--help")
         assert result.returncode == 0 and "None" not in result.stdout, result.stdout
     shown = " ".join(arttrace("demo", "--help").stdout.split())
