@@ -309,6 +309,7 @@ FAULTS: dict[str, tuple[Any, str]] = {
     "Capture.__init__": (Capture, "__init__"),
     "Capture.complete": (Capture, "complete"),
     "Capture.add_chunk": (Capture, "add_chunk"),
+    "hiding the usage chunk": (Capture, "conceal"),
     "Capture.end_stream": (Capture, "end_stream"),
     "Capture.fail": (Capture, "fail"),
     "Capture.abandon": (Capture, "abandon"),

@@ -37,6 +37,7 @@ def boom(*args: Any, **kwargs: Any) -> Any:
 
 
 FAULTS: dict[str, list[tuple[Any, str]]] = {
+    "passing": [(_context, "capturing")],  # the first check of every hook (boom has no .get)
     "deciding": [(_context, "recording")],
     "opening": [(_wire, "open_recorder")],
     "rewriting": [

@@ -179,7 +179,7 @@ class Capture(OpenCall):
             elif "usage" in chunk.model_fields_set:
                 chunk.model_fields_set.discard("usage")
             return False
-        return type(chunk.choices) is list and chunk.usage is not None
+        return usage_only(chunk)
 
     def end_stream(self) -> None:
         if not self._claim():
@@ -218,6 +218,22 @@ class Capture(OpenCall):
             with guarded("keeping a stream's choices"):
                 self.call.choices = self._streamed_choices()
         self._close()
+
+
+def usage_only(chunk: Any) -> bool:
+    """Whether ``chunk`` is a stream's usage chunk: no choice, a usage."""
+    return getattr(chunk, "choices", None) == [] and getattr(chunk, "usage", None) is not None
+
+
+def as_unasked(chunk: Any) -> bool:
+    """:meth:`Capture.conceal` from ``chunk`` alone (when it failed): whether it is the usage
+    chunk, to drop; any other chunk's ``usage: null`` marked unset again."""
+    if usage_only(chunk):
+        return True
+    fields = getattr(chunk, "model_fields_set", None)
+    if isinstance(fields, set) and getattr(chunk, "usage", None) is None:
+        fields.discard("usage")
+    return False
 
 
 class Unreadable(ValueError):

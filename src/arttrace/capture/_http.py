@@ -108,8 +108,14 @@ def starting(open_call: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
 
 def passing() -> bool:
     """Whether every call passes untouched now (capture off, or another layer recording): the
-    first, cheapest check of every hook."""
-    return not _on or _context.capturing.get()
+    first, cheapest check of every hook. If arttrace fails deciding, the call passes."""
+    with _DECIDING:
+        return not _on or _context.capturing.get()
+    return True
+
+
+_DECIDING = guarded("deciding whether to record an HTTP call; it passes untouched")
+"""One guard for every call (it holds no state)."""
 
 
 def endpoint(method: str, path: str) -> str | None:

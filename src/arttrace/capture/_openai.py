@@ -23,7 +23,7 @@ from openai.types.responses import Response
 
 from . import _context
 from ._calls import OpenCall, Settings
-from ._chat import Capture
+from ._chat import Capture, as_unasked
 from ._guard import guarded
 from ._responses import ResponsesCall
 from ._unwrap import mark, ours, unwrap
@@ -195,11 +195,21 @@ def _ended(capture: _Recorder) -> None:
 def _read(capture: _Recorder, reading: Any, chunk: Any) -> bool:
     """Record ``chunk``; whether the caller must not see it (the usage chunk arttrace asked for
     and the caller did not). ``reading`` is the stream's one guard: it runs for every chunk."""
-    hidden = False
+    hidden = isinstance(capture, Capture) and capture.usage_added and _hidden(capture, chunk)
     with reading:
-        hidden = isinstance(capture, Capture) and capture.conceal(chunk)
         capture.add_chunk(chunk)
     return hidden
+
+
+def _hidden(capture: Capture, chunk: Any) -> bool:
+    """Whether the caller must not see ``chunk``. The caller did not ask for the usage chunk, so
+    without arttrace it would never see one: if deciding fails, the chunk is still hidden when
+    it is one (no choice, a usage), and the call is marked."""
+    with guarded("hiding the usage chunk arttrace asked for", capture.lost):
+        return capture.conceal(chunk)
+    with guarded("hiding the usage chunk arttrace asked for (by its shape)"):
+        return as_unasked(chunk)
+    return False
 
 
 def _closed(capture: _Recorder) -> None:
