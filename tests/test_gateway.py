@@ -12,12 +12,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.gateway import Gateway
+from arttrace.integrations._core import FrameworkCall, choice_record
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from conftest import TOOLS
 from test_gateway_support import RecordingUpstream
@@ -170,7 +172,8 @@ def test_exact_tokens_are_asked_for_without_touching_sampling() -> None:
         with at.trajectory("q-2") as t2:
             url = gateway.url(t2, request_training_data=False)
             raw = json.dumps(body, indent=1).encode()
-            client.post(f"{url}/chat/completions", content=raw)
+            json_body = {"Content-Type": "application/json"}
+            client.post(f"{url}/chat/completions", content=raw, headers=json_body)
 
     asked, kept, untouched = (e.body for e in upstream.exchanges)
     assert asked == {**body, "logprobs": True, "return_token_ids": True}
@@ -222,8 +225,53 @@ def test_a_call_to_the_gateway_from_inside_the_run_is_recorded_once(
         got = at.trainable(run_calculator)(client, gateway.url(t), stream=stream)
         t.reward = 1.0
     assert got == [e.answered for e in upstream.exchanges]
-    assert [(c.source, c.agent, c.trainable) for c in t.calls] == [("openai", "gateway", True)] * 2
+    assert [(c.source, c.agent, c.trainable) for c in t.calls] == [("gateway", "gateway", True)] * 2
     assert t.trainable_turns == 2
+
+
+def test_an_openai_sdk_call_to_the_gateway_from_inside_the_run_is_recorded_once(
+    instrumented: None,
+) -> None:
+    """The shim stands aside for a gateway of this process, as the HTTP layer does."""
+    upstream = RecordingUpstream()
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t:
+        client = openai.OpenAI(base_url=gateway.url(t), api_key="sk-test", max_retries=0)
+
+        @at.trainable
+        def agent() -> None:
+            client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}]
+            )
+
+        agent()
+    assert [(c.source, c.trainable) for c in t.calls] == [("gateway", True)]
+
+
+def test_a_frameworks_call_through_the_gateway_is_kept_once_and_says_gateway(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A framework's hook and the gateway both see a call to a run's URL: one record, the
+    gateway's tokens and the framework's names; its span is an OpenAI-protocol ``chat``."""
+    upstream = RecordingUpstream()
+    messages = [{"role": "user", "content": "hi"}]
+    with gateway_to(upstream) as gateway, at.trajectory("q-1") as t, httpx.Client() as client:
+        seen = FrameworkCall("someframework", "policy", messages, step="planner")
+        body = {"model": "policy", "messages": messages}
+        answer = client.post(f"{gateway.url(t)}/chat/completions", json=body).json()
+        seen.finish([choice_record(answer["choices"][0]["message"], finish_reason="stop")])
+        t.reward = 1.0
+    (call,) = t.calls
+    assert (call.source, call.framework, call.step) == ("gateway", "someframework", "planner")
+    assert call.trainable and call.choices[0].token_ids is not None
+    assert at.Trajectory.from_dict(t.to_dict()).calls[0].source == "gateway"
+    attributes = [
+        dict(s.attributes or {})
+        for s in spans.get_finished_spans()
+        if (s.attributes or {}).get("arttrace.agent") == "gateway"
+    ]
+    assert [(a["gen_ai.provider.name"], "arttrace.framework" in a) for a in attributes] == [
+        ("openai", False)
+    ]
 
 
 def test_only_the_runs_policy_model_is_trained() -> None:

@@ -92,7 +92,8 @@ def test_the_run_api_says_what_is_wrong(tmp_path: Path) -> None:
             assert match in response.json()["error"]["message"]
 
         refused("POST", "/runs", 400, "example_id", json={"metadata": {}})
-        refused("POST", "/runs", 400, "not JSON", content=b"{")
+        json_body = {"Content-Type": "application/json"}
+        refused("POST", "/runs", 400, "not JSON", content=b"{", headers=json_body)
         refused("POST", "/runs", 400, "metadata", json={"example_id": "a", "metadata": {"x": []}})
         refused("POST", "/runs", 400, "step", json={"example_id": "a", "step": -1})
         refused("PUT", "/runs/nope/reward", 404, "no open run", json={"reward": 1})

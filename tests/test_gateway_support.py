@@ -4,14 +4,24 @@
 127.0.0.1 and records, per request, the headers and body it received and the exact bytes it
 answered, so a test can compare them with what reached the caller. It can answer slowly, see
 the gateway hang up, fail on purpose, and serve a minimal Responses API.
+
+:func:`gateway_process` runs ``arttrace gateway`` as a process of its own, and
+:func:`raw_request` speaks HTTP/1.1 over a bare socket, so a test sends the request line and
+headers exactly as written (no client normalising ``..`` or setting ``Host``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -151,3 +161,51 @@ class RecordingUpstream:
             "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7},
         }
         await self._whole(send, exchange, 200, response)
+
+
+@contextmanager
+def gateway_process(
+    upstream: str, out: Path, *options: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """``arttrace gateway`` in front of ``upstream`` on a free port; yields its base URL."""
+    command = [sys.executable, "-m", "arttrace.app.cli", "gateway", "--upstream", upstream]
+    command += ["--port", "0", "--out", str(out), *options]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        line = process.stdout.readline()
+        assert "listening on http://" in line, line or process.stderr.read()
+        yield line.split("listening on ")[1].split(" ")[0]
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def raw_request(
+    base: str, method: str, target: str, headers: dict[str, str], body: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request sent as written (``target`` and ``headers`` byte for byte; a
+    ``Host`` of the base URL's unless given): the status, headers and body of the answer."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    head = {"Host": f"{host}:{port}", **headers, "Connection": "close"}
+    if body:
+        head["Content-Length"] = str(len(body))
+    lines = [f"{method} {target} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + body)
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    top, _, content = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = top.decode("latin-1").split("\r\n")
+    answered = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        answered[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), answered, content

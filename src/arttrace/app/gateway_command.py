@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ..gateway import _options
 
 _EPILOG = """\
 the run API (JSON):
@@ -28,7 +33,11 @@ A run's "url" is an OpenAI base URL: give it to the agent (OPENAI_BASE_URL).
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after each option's help; the description keeps its line breaks."""
+    """Defaults shown after each option's help (``None``, as for a required option, is none);
+    the description keeps its line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,10 +58,16 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--upstream",
         required=True,
+        type=_checked(str, _options.upstream_problem),
         help="the policy server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8787, help="port (0: any free port)")
+    parser.add_argument(
+        "--port",
+        type=_checked(int, _options.port_problem),
+        default=8787,
+        help="port (0: any free port)",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("runs/gateway"), help="where closed runs are journaled"
     )
@@ -62,13 +77,37 @@ def add_parser(subparsers: Any) -> None:
         help="do not ask the upstream for logprobs and token ids (runs will not train)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds an upstream call may take"
+        "--timeout",
+        type=_checked(float, _options.timeout_problem),
+        default=600.0,
+        help="seconds an upstream call may take",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=None,
+        type=_checked(str, _options.host_problem),
+        metavar="NAME",
+        help="another name callers reach the gateway by (repeatable; '*': any). Without a "
+        "token, a request for any other Host is refused, so a web page cannot reach it by "
+        "DNS rebinding",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=None,
+        type=_checked(str, _options.origin_problem),
+        metavar="ORIGIN",
+        help="a web page that may call the gateway, e.g. http://localhost:3000 (repeatable; "
+        "'*': any). Without a token, browsers' requests from other sites are refused",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
-    """Serve until interrupted (Ctrl-C or SIGTERM)."""
+    """Serve until interrupted (Ctrl-C or SIGTERM). A gateway that cannot start says why in
+    one line, with the fix, and exits with status 2."""
+    from .._errors import ArttraceError, RunLockedError
     from ..gateway import Gateway
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -81,10 +120,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         request_training_data=not args.no_training_data,
         out=args.out,
         timeout=args.timeout,
+        allow_hosts=args.allow_host or (),
+        allow_origins=args.allow_origin or (),
     )
+    try:
+        gateway.start()
+    except RunLockedError:
+        return _failed(
+            f"{args.out} is in use by another process (a gateway or a Trainer holds its lock): "
+            "stop it, or give this gateway another --out"
+        )
+    except (ArttraceError, OSError) as error:
+        return _failed(f"{error}{_fix(error)}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with gateway:
+    try:
         print(
             f"arttrace gateway: listening on {gateway.base_url} (POST /runs to open a run), "
             f"upstream {gateway.upstream}, runs journaled in {args.out / 'journal'}",
@@ -92,5 +142,42 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         )
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop
             stop.wait()
+    finally:
+        gateway.stop()
     print("arttrace gateway: stopped", flush=True)
     return 0
+
+
+def _checked(
+    kind: Callable[[str], Any], problem: Callable[[Any], str | None]
+) -> Callable[[str], Any]:
+    """An argument type: ``kind`` of the text, refused (one line, exit status 2) when the
+    gateway's own check ``problem`` finds it wrong, in the check's words. The checks load
+    nothing heavy, so a bad argument is refused at once."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if (found := problem(value)) is not None:
+            raise argparse.ArgumentTypeError(found)
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its own messages
+    return convert
+
+
+def _fix(error: BaseException) -> str:
+    """The fix for a gateway that cannot listen, from the socket's error."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+        return ". Another process listens there: choose another --port (0: any free port)"
+    if isinstance(cause, OSError):
+        return ". Give --host an address of this machine (127.0.0.1; 0.0.0.0 for all)"
+    return ""
+
+
+def _failed(message: str) -> int:
+    print(f"arttrace gateway: {message}", file=sys.stderr)
+    return 2

@@ -4,10 +4,12 @@ A framework's call to an OpenAI-compatible server (LangChain's ``ChatOpenAI``, L
 ``OpenAI``, ADK's ``LiteLlm``) is seen by the framework's callbacks and, below them, by a layer
 that reads the request itself: the OpenAI shim (``source == "openai"``) or, for a client
 arttrace does not wrap (ADK's ``LiteLlm("hosted_vllm/...")``, LiteLLM, DSPy), the HTTP-client
-layer (``source == "http"``). The lower record has the exact request and tokens; the
-framework's has its names. :func:`merge_layers` pairs them and keeps the lower record, named by
-the framework. The shim and the HTTP layer never both record one call: the HTTP layer stands
-aside while a captured SDK call runs (``_context.capturing``).
+layer (``source == "http"``); for a call to a run's URL, the gateway (``source ==
+"gateway"``). The lower record has the exact request and tokens; the framework's has its
+names. :func:`merge_layers` pairs them and keeps the lower record, named by the framework. No
+two lower layers record one call: the HTTP layer stands aside while a captured SDK call runs
+(``_context.capturing``), and both stand aside for a gateway of this process
+(``_context.records_itself``).
 
 A framework record and a lower record are the same call when the lower call started while the
 framework's was open and both produced the same response: the same response id, or the same
@@ -22,9 +24,9 @@ from collections.abc import Iterable
 from ._conversations import message_key
 from ._records import LLMCall
 
-LOWER_LAYERS = frozenset({"openai", "http"})
-"""The sources of records read off the request itself (exact tokens): the SDK shim's and the
-HTTP layer's. Any other source is a framework's."""
+LOWER_LAYERS = frozenset({"openai", "http", "gateway"})
+"""The sources of records read off the request itself (exact tokens): the SDK shim's, the
+HTTP layer's and the gateway's. Any other source is a framework's."""
 
 
 def merge_layers(calls: Iterable[LLMCall]) -> list[LLMCall]:

@@ -150,7 +150,11 @@ def _start(
             return None
         if not _context.recording():
             return None  # nothing would keep the record, nothing would export the span
-        capture = opened(kwargs, current, getattr(instance, "_client", None))
+        client = getattr(instance, "_client", None)
+        url = getattr(client, "base_url", None)
+        if url is not None and _context.records_itself(url.host, url.port):
+            return None  # an arttrace.Gateway of this process records it (as the HTTP layer)
+        capture = opened(kwargs, current, client)
         for namer in _namers:
             with guarded("naming a call", capture.lost):
                 namer(capture)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
@@ -22,6 +23,7 @@ from ..capture._guard import guarded
 from ..capture._redact import remember, remember_query
 from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
+from ._admission import Admission, with_cors
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
 from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
 
@@ -39,12 +41,19 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 
 
 class GatewayApp:
-    """Checks the gateway's token (when it has one), then routes the request."""
+    """Checks the gateway's token (when it has one) and what ``admission`` refuses, then
+    routes the request."""
 
     def __init__(
-        self, runs: Runs, upstream: Upstream, options: RunOptions, token: str | None
+        self,
+        runs: Runs,
+        upstream: Upstream,
+        options: RunOptions,
+        token: str | None,
+        admission: Admission,
     ) -> None:
         self.runs, self.upstream, self.token = runs, upstream, token
+        self.admission = admission
         remember(token)  # the gateway's keys are blanked out of records too
         remember(upstream.api_key)
         api = RunAPI(runs, options)
@@ -71,21 +80,36 @@ class GatewayApp:
         # The gateway's own upstream calls are not calls of a run of this process: a capture
         # layer below (an HTTP-level one) must not record them a second time.
         _context.capturing.set(True)
-        if scope["type"] == "http" and self.token is not None and not self._authorized(scope):
-            response = error(
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = self.admission.origin(scope)
+        if origin is not None:  # an allowed web page: answer its preflight, let it read
+            preflight = self.admission.preflight(scope, origin)
+            if preflight is not None:
+                await preflight(scope, receive, send)
+                return
+            send = with_cors(send, origin)
+        refused: Response | None = None
+        if self.token is not None and not self._authorized(scope):
+            refused = error(
                 401,
                 "arttrace gateway: this gateway needs its token, as `Authorization: Bearer "
                 f"<token>` (the OpenAI client's api_key) or in an `{TOKEN_HEADER}` header",
                 "authentication_error",
             )
-            await response(scope, receive, send)
+        else:
+            refused = self.admission.refusal(scope, origin)
+        if refused is not None:
+            await refused(scope, receive, send)
             return
-        relayed = _RELAYED.fullmatch(scope["path"]) if scope["type"] == "http" else None
+        relayed = _RELAYED.fullmatch(scope["path"])
         if relayed is None:
             await self.app(scope, receive, send)
             return
+        run_id, path = relayed.groups()
         relay: Response = (
-            await self.relay(Request(scope, receive), *relayed.groups())
+            await self.relay(Request(scope, receive), run_id, path, _raw_tail(scope))
             if scope["method"] in _METHODS
             else error(405, f"arttrace gateway: {scope['method']} is not relayed")
         )
@@ -101,7 +125,10 @@ class GatewayApp:
         given = value.decode("latin-1").removeprefix("Bearer ").strip()
         return self.token is not None and hmac.compare_digest(given, self.token)
 
-    async def relay(self, request: Request, run_id: str, path: str) -> Response:
+    async def relay(self, request: Request, run_id: str, path: str, as_sent: str) -> Response:
+        """Forward a call to ``path`` (decoded) of run ``run_id``; ``as_sent``: the path as the
+        caller wrote it, which is what the upstream gets (it decodes it once, as if called
+        directly; admission refused any path that could leave the run's ``/v1``)."""
         run = self.runs.get(run_id)
         if run is None:
             return unknown_run(run_id)
@@ -127,8 +154,17 @@ class GatewayApp:
                     open_record = partial(
                         run.open_recorder, path, sent, self.upstream.server, request.headers
                     )
-        url = self.upstream.url(path, request.scope["query_string"])
+        url = self.upstream.url(as_sent, request.scope["query_string"])
         return Relay(self.upstream, request.method, url, headers, body, open_record)
+
+
+def _raw_tail(scope: Scope) -> str:
+    """The part of the caller's raw path after ``/runs/<run_id>/v1/``: admission refused
+    encoded slashes, so the raw path's segments are the decoded path's."""
+    raw = scope.get("raw_path")
+    if raw is None:
+        return quote(scope["path"].split("/", 4)[4])
+    return str(raw.decode("latin-1").split("/", 4)[4])
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

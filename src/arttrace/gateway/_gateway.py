@@ -4,6 +4,7 @@ per run, so agents in other processes and languages are captured as in-process o
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -14,7 +15,15 @@ from .._asgi_server import ServerThread
 from .._errors import ConfigurationError, UsageError
 from ..capture import _context
 from ..capture._trajectory import Trajectory
+from ._admission import Admission
 from ._app import GatewayApp
+from ._options import (
+    host_problem,
+    origin_problem,
+    port_problem,
+    timeout_problem,
+    upstream_problem,
+)
 from ._relay import Upstream
 from ._runs import RunOptions, Runs
 
@@ -45,8 +54,13 @@ class Gateway:
     upstream gets. Without a token the caller's ``Authorization`` goes to the upstream as is;
     it is never recorded or logged. ``out``: a folder for runs opened over HTTP (``POST
     /runs``), journaled as the ``Trainer`` journals its runs (the folder's lock is held while
-    the gateway serves). ``timeout``: seconds an
-    upstream call may take (``None``: no limit).
+    the gateway serves). ``timeout``: seconds an upstream call may take (``None``: no limit).
+
+    Without a token, web pages are kept out (a page its user visits could otherwise spend the
+    upstream's key): a request for a ``Host`` other than the gateway's address, a body not
+    declared ``application/json``, and a browser's request from another site are refused.
+    ``allow_hosts``: other names callers reach it by (``"*"``: any); ``allow_origins``: web
+    pages that may call it, like ``"http://localhost:3000"`` (they get CORS answers).
     """
 
     def __init__(
@@ -61,21 +75,33 @@ class Gateway:
         export_tokens: bool = False,
         out: str | Path | None = None,
         timeout: float | None = 600.0,
+        allow_hosts: Iterable[str] = (),
+        allow_origins: Iterable[str] = (),
     ) -> None:
-        if not upstream.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"upstream must be the policy server's OpenAI base URL, like "
-                f"http://127.0.0.1:8000/v1; got {upstream!r}"
-            )
+        for name, problem in (
+            ("upstream", upstream_problem(upstream)),
+            ("port", port_problem(port)),
+            ("timeout", timeout_problem(timeout)),
+            *(("allow_hosts", host_problem(h)) for h in allow_hosts),
+            *(("allow_origins", origin_problem(o)) for o in allow_origins),
+        ):
+            if problem is not None:
+                raise ConfigurationError(f"{name} {problem}")
         self.upstream = upstream.rstrip("/")
         self.host, self.port = host, port
+        admission = Admission(
+            host,
+            [h.strip("[]").rstrip(".").lower() for h in allow_hosts],
+            [o.rstrip("/").lower() for o in allow_origins],
+            token=token is not None,
+        )
         self.options = RunOptions(
             request_training_data=request_training_data, export_tokens=export_tokens
         )
         self.out = Path(out) if out is not None else None
         self._upstream = Upstream(self.upstream, timeout, upstream_api_key)
         self.runs = Runs(self._run_url, self.out)
-        self._app = GatewayApp(self.runs, self._upstream, self.options, token)
+        self._app = GatewayApp(self.runs, self._upstream, self.options, token, admission)
         self._server: ServerThread | None = None
         self._state = _State.UNOPENED
 

@@ -95,7 +95,7 @@ class Run:
         attached = otel_context.attach(self.otel) if self.otel is not None else None
         try:
             settings = Settings(False, self.options.export_tokens)  # asked for in `sent`
-            return open_recorder(path, sent, settings, server)[0]
+            return open_recorder(path, sent, settings, server, source="gateway")[0]
         finally:
             if attached is not None:
                 otel_context.detach(attached)
