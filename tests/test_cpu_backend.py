@@ -20,6 +20,7 @@ import arttrace as at
 from arttrace._errors import ConfigurationError
 from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
 from arttrace.training._cpu_model import attention_pattern
+from arttrace.training._journal import Journal
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
@@ -231,6 +232,54 @@ async def _rewarded_group(client: openai.AsyncOpenAI) -> art.TrajectoryGroup:
     finally:
         at.uninstrument()
     return art.TrajectoryGroup(runs)
+
+
+async def test_the_same_seed_gives_the_same_run(tmp_path):
+    """Two runs of the demo's loop with one seed sample the same replies and train to the same
+    losses and rewards, to the last bit, although the Trainer's concurrent requests reach the
+    server and finish in a different order each time."""
+    settings = CPUSettings(examples=3, rollouts=4, steps=2, warm_up_batches=8, validation=12)
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        await run_greeter_demo(out, seed=0, settings=settings)
+        at.uninstrument()
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        timeless = [{k: v for k, v in m.items() if "seconds" not in k} for m in metrics]
+        journal = Journal(out)
+        replies = [
+            sorted(
+                (t.example_id, list(t.calls[0].choices[0].token_ids or []), t.reward)
+                for t in journal.finished(step).values()
+            )
+            for step in range(settings.steps)
+        ]
+        runs.append((timeless, (out / "validation.jsonl").read_text(), replies))
+    assert runs[0] == runs[1]
+    assert all("train/loss" in m for m in runs[0][0])  # both steps trained
+
+
+async def test_a_group_trains_the_same_whatever_order_its_runs_come_in(tmp_path):
+    """Which run of a group holds which sample varies with the order concurrent requests ran
+    in; the step must not: the same runs in another order give the same loss and weights."""
+    first, second = at.CPUBackend(threads=1), at.CPUBackend(threads=1)  # the same seed
+    try:
+        model = await registered(first, tmp_path / "first")
+        client = model.openai_client()
+        runs = [*(await _rewarded_group(client)).trajectories]
+        runs += (await _rewarded_group(client)).trajectories
+        other = await registered(second, tmp_path / "second")
+        results = [
+            await backend.train(m, [art.TrajectoryGroup(order)], learning_rate=1e-2)
+            for backend, m, order in ((first, model, runs), (second, other, runs[::-1]))
+        ]
+    finally:
+        await first.close()
+        await second.close()
+    a, b = ({k: v for k, v in r.metrics.items() if k != "seconds"} for r in results)
+    assert a == b and a["num_trajectories"] == 4
+    for x, y in zip(first.policy.model.parameters(), second.policy.model.parameters(), strict=True):
+        assert torch.equal(x, y)
 
 
 def test_a_model_folder_without_a_chat_template_is_refused(tmp_path, backend):

@@ -7,6 +7,10 @@ weights, which the next request samples from. Each step is checkpointed as a Hug
 (``{model base_path}/{project}/models/{name}/checkpoints/{step:04d}``), which
 ``CPUBackend(model=...)`` can load again; registering a model that has checkpoints resumes from
 the latest.
+
+The same ``seed``, requests and ``threads`` on one machine give the same run: the weights, each
+request's samples (:class:`~arttrace.training._cpu_server.SamplingSeeds`) and each training
+step, whatever order concurrent requests arrive or finish in.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -26,11 +31,15 @@ import torch
 from art import dev
 from art.loss import LossInputs, LossOffPolicyDiagnosticsAccumulator, loss_fn
 from art.preprocessing.pack import packed_tensors_from_tokenized_results
-from art.preprocessing.tokenize import tokenize_sft_batch, tokenize_trajectory_groups
+from art.preprocessing.tokenize import (
+    TokenizedResult,
+    tokenize_sft_batch,
+    tokenize_trajectory_groups,
+)
 
 from .._errors import ConfigurationError, TrainingError
 from ._cpu_model import Policy, attention_pattern, load_policy
-from ._cpu_server import PolicyServer
+from ._cpu_server import PolicyServer, SamplingSeeds
 
 _log = logging.getLogger("arttrace")
 
@@ -41,6 +50,8 @@ class CPUBackend:
     ``model``: a local Hugging Face model folder (it must have a chat template); without one,
     a random-weight Qwen2 built from ``config`` (fields over
     :data:`arttrace.training._cpu_model.TINY_QWEN2`) with the offline Qwen2.5 tokenizer.
+    ``seed``: seeds the built-in model's weights and the sampling of requests that bring no
+    ``seed`` of their own: the same seed, requests and ``threads`` give the same run.
     ``threads``: torch's intra-op threads for this process (``None`` leaves torch's default;
     on a shared machine 1 is often fastest). ``max_tokens``: a request's default completion
     limit. ``train_embeddings=False`` freezes the token embeddings and output projection: with
@@ -86,6 +97,7 @@ class CPUBackend:
         self._server: PolicyServer | None = None
         self._model: Any = None
         self._step = 0
+        self._seeds = SamplingSeeds(seed, lambda: self._step)
         self._optimizer: torch.optim.Optimizer | None = None
 
     # -- ART's Backend protocol -------------------------------------------------------------
@@ -114,6 +126,7 @@ class CPUBackend:
                 host=self._host,
                 port=self._port,
                 max_tokens=self._max_tokens,
+                seeds=self._seeds,
             )
             await asyncio.to_thread(self._server.start)
         return self._server.base_url, self._server.api_key
@@ -264,12 +277,13 @@ class CPUBackend:
         max_grad_norm: float,
     ) -> dict[str, float]:
         started = time.perf_counter()
-        results = list(
+        results = _canonical(
             tokenize_trajectory_groups(
                 self.policy.tokenizer,
-                groups,
+                [_by_reward(g) for g in groups],
                 allow_training_without_logprobs=allow_training_without_logprobs,
                 scale_rewards=scale_rewards,
+                shuffle_group_trajectories=False,  # _canonical shuffles, as ART would
             )
         )
         if not results:
@@ -429,3 +443,34 @@ class CPUBackend:
             return []
         name = str(self._model.name)
         return [name, f"{name}@{self._step}"]
+
+
+# -- the same groups, the same step ----------------------------------------------------------
+
+
+def _by_reward(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
+    """``group`` with its runs in reward order: ART sums the rewards in the group's order, and
+    which run of a group holds which sample varies with the order concurrent requests ran in."""
+    runs = sorted(group.trajectories, key=lambda t: t.reward)
+    return art.TrajectoryGroup(runs, exceptions=group.exceptions, metadata=group.metadata)
+
+
+def _canonical(results: Iterable[TokenizedResult]) -> list[TokenizedResult]:
+    """Each group's tokenized runs in an order set by their content, then shuffled as ART's
+    ``tokenize_trajectory_groups`` does (``random.Random(prompt_id)``): the packing, and so the
+    loss to the last bit, depends on that order, which must not depend on which run of a group
+    got which sample."""
+    by_prompt: dict[int, list[TokenizedResult]] = {}
+    for result in results:
+        by_prompt.setdefault(result.prompt_id, []).append(result)
+    ordered: list[TokenizedResult] = []
+    for prompt_id, group in by_prompt.items():
+        group.sort(key=_content)
+        random.Random(prompt_id).shuffle(group)
+        ordered += group
+    return ordered
+
+
+def _content(result: TokenizedResult) -> tuple[Any, ...]:
+    logprobs = [-math.inf if math.isnan(x) else x for x in result.logprobs]
+    return result.token_ids, result.assistant_mask, logprobs, result.advantage, result.weight

@@ -7,14 +7,21 @@ role chunk per choice carrying ``prompt_token_ids``, then one chunk per sampled 
 ``token_ids`` and logprob; ``n`` choices interleave. A completion in the Hermes format Qwen's
 template teaches (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``) is returned as
 ``tool_calls``, with the text before it as ``content``.
+
+A request without a ``seed`` samples from a seed of its own (:class:`SamplingSeeds`), never
+from torch's global generator: which concurrent request drew first would otherwise decide
+every sample, and the same seed would not give the same run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,8 +44,38 @@ class BadRequest(Exception):
         self.status = status
 
 
+class SamplingSeeds:
+    """The seed of each request that brings none: a hash of the backend's seed, the weights'
+    step, the prompt's token ids and how many requests with that prompt came before it at
+    this step.
+
+    Concurrent requests arrive and run in an order that varies from run to run; with these
+    seeds only the order among requests for the same prompt varies, and those are
+    interchangeable (a group's runs of one example), so the same requests give the same
+    samples: the same set for each prompt, whichever run of a group gets which."""
+
+    def __init__(self, seed: int, step: Callable[[], int]) -> None:
+        self._seed, self._step = seed, step
+        self._at: int | None = None
+        self._seen: Counter[bytes] = Counter()
+        self._lock = threading.Lock()
+
+    def next(self, prompt: list[int]) -> int:
+        key = hashlib.blake2b(",".join(map(str, prompt)).encode(), digest_size=16).digest()
+        step = self._step()
+        with self._lock:
+            if step != self._at:  # new weights: count afresh (the step is in the seed)
+                self._at = step
+                self._seen.clear()
+            before = self._seen[key]
+            self._seen[key] += 1
+        digest = hashlib.blake2b(f"{self._seed}:{step}:{before}:".encode() + key, digest_size=8)
+        return int.from_bytes(digest.digest()) >> 1  # torch takes up to 64 bits
+
+
 class PolicyServer:
-    """Serves ``policy`` under the model names ``names()`` accepts, from a uvicorn thread."""
+    """Serves ``policy`` under the model names ``names()`` accepts, from a uvicorn thread.
+    ``seeds``: each seedless request's sampling seed (without it, torch's global generator)."""
 
     def __init__(
         self,
@@ -49,8 +86,10 @@ class PolicyServer:
         port: int = 0,
         api_key: str = "cpu",
         max_tokens: int = 256,
+        seeds: SamplingSeeds | None = None,
     ) -> None:
         self.policy, self.names, self.api_key, self.max_tokens = policy, names, api_key, max_tokens
+        self.seeds = seeds
         self.chat = HFChatTokenizer(policy.tokenizer)
         app = Starlette(
             routes=[
@@ -113,6 +152,11 @@ class PolicyServer:
                 f"{self.policy.max_length}"
             )
         temperature = body.get("temperature")
+        seed = body.get("seed")
+        if seed is not None:
+            seed = int(seed)
+        elif self.seeds is not None:
+            seed = self.seeds.next(prompt)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "created": int(time.time()),
@@ -122,7 +166,7 @@ class PolicyServer:
             "max_tokens": int(limit),
             "temperature": 1.0 if temperature is None else float(temperature),
             "top_p": float(body.get("top_p") or 1.0),
-            "seed": body.get("seed"),
+            "seed": seed,
             "logprobs": bool(body.get("logprobs")),
             "top_logprobs": int(body.get("top_logprobs") or 0),
             "ids": body.get("return_token_ids") is not False,
@@ -138,7 +182,7 @@ class PolicyServer:
             temperature=plan["temperature"],
             top_p=plan["top_p"],
             top_logprobs=plan["top_logprobs"],
-            seed=None if plan["seed"] is None else int(plan["seed"]),
+            seed=plan["seed"],
         )
 
     # -- responses --------------------------------------------------------------------------

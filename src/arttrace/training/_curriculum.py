@@ -74,4 +74,4 @@ class Curriculum:
 
 def _mean_reward(group: art.TrajectoryGroup) -> float:
     rewards = [t.reward for t in group.trajectories]
-    return sum(rewards) / len(rewards) if rewards else 0.0
+    return math.fsum(rewards) / len(rewards) if rewards else 0.0  # exact: order-free

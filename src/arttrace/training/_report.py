@@ -226,7 +226,8 @@ def progress_line(metrics: dict[str, float], split: str) -> str:
 
 
 def reward_stats(rewards: list[float]) -> dict[str, float]:
-    """Mean, min, max and standard deviation (all NaN when there is no reward)."""
+    """Mean, min, max and standard deviation (all NaN when there is no reward), the same
+    whatever order ``rewards`` come in."""
     if not rewards:
         return {
             "reward_mean": math.nan,
@@ -234,12 +235,13 @@ def reward_stats(rewards: list[float]) -> dict[str, float]:
             "reward_max": math.nan,
             "reward_std": math.nan,
         }
-    mean = sum(rewards) / len(rewards)
+    # fsum is exact, so the figures do not depend on the order the runs finished in.
+    mean = math.fsum(rewards) / len(rewards)
     return {
         "reward_mean": mean,
         "reward_min": min(rewards),
         "reward_max": max(rewards),
-        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)),
+        "reward_std": math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)),
     }
 
 

@@ -84,7 +84,8 @@ class Trainer[ExampleT]:
         output_dir: Where the run is kept: the journal (every finished rollout), ``state.json``,
             ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png`` (redrawn after a
             step at most every 30 s, and at the end of :meth:`train`).
-        seed: Seeds the shuffle of each epoch.
+        seed: Seeds the shuffle of each epoch. The replies are the backend's to repeat or
+            not (``CPUBackend(seed=...)`` does, a vLLM server does not).
         resume: Continue the run in ``output_dir``: finished rollouts are read back from the
             journal, not run again. Without it, an ``output_dir`` that holds a run is an error.
             The run's seed, dataset, ``group_size``, ``groups_per_step`` and curriculum must be
