@@ -73,7 +73,6 @@ def _token(body: dict[str, Any]) -> dict[str, Any]:
 
 SHAPES = {
     "message null": lambda b: _choice(b).update(message=None),
-    "usage a string": lambda b: b.update(usage="lots"),
     "token id beyond 64 bits": lambda b: _choice(b).update(token_ids=[2**70]),
     "prompt token id beyond 64 bits": lambda b: b.update(prompt_token_ids=[2**64]),
     "null logprob": lambda b: _token(b).update(logprob=None),
@@ -118,9 +117,24 @@ STREAM_SHAPES: dict[str, Callable[[list[dict[str, Any]]], None]] = {
     "tool call delta without index": lambda c: c[1]["choices"][0]["delta"].update(
         tool_calls=[{"id": "call_1", "function": {"name": "add", "arguments": "{}"}}]
     ),
-    "usage a string": lambda c: c[3].update(usage="lots"),
     "content a number": lambda c: c[1]["choices"][0]["delta"].update(content=3),
 }
+
+
+USAGES: dict[str, Any] = {
+    "a string": "lots",
+    "a list": [2, 1],
+    "a number": 3,
+    "negative counts": {"prompt_tokens": -2, "completion_tokens": -1, "total_tokens": -3},
+    "counts of the wrong type": {
+        "prompt_tokens": "2",
+        "completion_tokens": None,
+        "total_tokens": {"n": 3},
+        "completion_tokens_details": "none",
+    },
+    "counts true": {"prompt_tokens": True, "completion_tokens": True, "total_tokens": True},
+}
+"""Malformed ``usage`` fields: the ids and logprobs are all there, so the turn still trains."""
 
 
 def _sse(chunks: list[dict[str, Any]]) -> bytes:
@@ -185,6 +199,60 @@ def test_an_unreadable_stream_reaches_the_caller_unchanged(instrumented, respx_m
             captured = at.trainable(consume)()
     assert captured == plain
     _assert_marked(t, caught)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("usage", USAGES)
+def test_a_malformed_usage_never_costs_the_turn(instrumented, respx_mock, usage, stream):
+    body = _whole() | {"usage": USAGES[usage]}
+    chunks = _chunks(body)
+    chunks[3]["usage"] = USAGES[usage]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if not stream:
+            return httpx.Response(200, json=body)
+        asked = (json.loads(request.content).get("stream_options") or {}).get("include_usage")
+        content = _sse(chunks if asked else chunks[:3])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=content)
+
+    respx_mock.post(f"{URL}/chat/completions").mock(side_effect=answer)
+
+    def consume() -> Any:
+        result = _policy_call(stream=stream)
+        return [_dump(c) for c in result] if stream else _dump(result)
+
+    plain = consume()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning, arttrace's or pydantic's
+        with at.trajectory("ex") as t:
+            captured = at.trainable(consume)()
+    assert captured == plain
+    (call,) = t.calls
+    assert call.capture_error is None and t.trainable_turns == 1
+    assert list(call.choices[0].token_ids or ()) == [7]
+    json.dumps(t.to_dict())  # the journal can write it
+
+
+def test_every_run_that_loses_a_turn_says_so(instrumented, clients):
+    """Once per run, model and cause: a later run losing turns for the same cause warns
+    again (naming the run), a second lost turn in the same run does not."""
+    client, _ = clients(ScriptedLLM([Reply("a")] * 4, logprobs=False))
+
+    @at.trainable
+    def agent() -> None:
+        for _ in range(2):
+            client.chat.completions.create(model="policy", messages=USER)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: a repeated text at one line is shown once
+        for run in ("first", "second"):
+            with at.trajectory(run) as t:
+                agent()
+            assert t.trainable_turns == 0 and len(t.calls) == 2
+    told = [str(w.message) for w in caught if w.category is at.UntrainableTurnWarning]
+    assert len(told) == 2
+    assert "run 'first'" in told[0] and "run 'second'" in told[1]
+    assert all("(no logprobs)" in m for m in told)
 
 
 # -- faults injected into arttrace's own capture steps ----------------------------------------
@@ -434,6 +502,16 @@ def test_the_shapes_are_valid_for_the_sdk_itself():
             ),
         )
         list(client.chat.completions.create(model="policy", messages=USER, stream=True))
+    for usage in USAGES.values():
+        body = _whole() | {"usage": usage}
+        client = openai.OpenAI(
+            base_url=URL,
+            api_key="k",
+            http_client=httpx.Client(
+                transport=httpx.MockTransport(lambda r, b=body: httpx.Response(200, json=b))
+            ),
+        )
+        client.chat.completions.create(model="policy", messages=USER)
 
 
 def test_a_fault_while_recording_the_callers_exception_leaves_it_alone(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ._guard import guarded
 from ._layers import is_paired
-from ._records import UNREADABLE, LLMCall
+from ._records import UNREADABLE, LLMCall, token_count
 from ._redact import error_text, exception_attributes, redact, scrub_params
 from ._threads import report_late_call
 from ._warnings import warn_untrainable
@@ -152,13 +153,18 @@ class OpenCall:
     def _warn_untrainable(self) -> None:
         call = self.call
         if call.capture_error:  # whether or not any choice was read
-            warn_untrainable(call.model, UNREADABLE)
+            self._warn(UNREADABLE)
             return
         for choice in call.choices:
             reason = call.untrainable_reason(choice)
             if reason is not None:
-                warn_untrainable(call.model, reason)
+                self._warn(reason)
                 return
+
+    def _warn(self, reason: str, fix: str | None = None) -> None:
+        """The policy turn cannot be trained for ``reason``: once per run, model and reason."""
+        run = None if self.trajectory is None else self.trajectory.call_log
+        warn_untrainable(self.call.model, reason, fix, run=run)
 
 
 class CallLog:
@@ -180,6 +186,7 @@ class CallLog:
         "name",
         "policy_ran",
         "records",
+        "warned",
     )
 
     def __init__(self, name: str = "") -> None:
@@ -198,6 +205,8 @@ class CallLog:
         self._frozen = False
         self._dropped = False
         self.records: list[LLMCall] = []
+        self.warned: set[tuple[str, str]] = set()
+        """The (model, cause) pairs of the untrainable turns this run has warned about."""
 
     def open(self, call: OpenCall) -> None:
         with self._lock:
@@ -305,13 +314,14 @@ def _response_attributes(call: LLMCall, export_tokens: bool) -> dict[str, Any]:
         attrs["gen_ai.response.id"] = call.response_id
     if call.response_model:
         attrs["gen_ai.response.model"] = call.response_model
-    usage = call.usage or {}
+    usage = call.usage if isinstance(call.usage, Mapping) else {}
     for key, name in (
         ("prompt_tokens", "gen_ai.usage.input_tokens"),
         ("completion_tokens", "gen_ai.usage.output_tokens"),
     ):
-        if isinstance(usage.get(key), int):
-            attrs[name] = usage[key]
+        counted = token_count(usage.get(key))
+        if counted is not None:
+            attrs[name] = counted
     if export_tokens:
         if call.prompt_token_ids is not None:
             attrs["arttrace.prompt_token_ids"] = call.prompt_token_ids.tolist()

@@ -476,8 +476,14 @@ def _name(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _usage(usage: Any) -> dict[str, Any]:
+def _usage(usage: Any) -> dict[str, Any] | None:
+    """The server's ``usage`` as the record keeps it: an object's fields as sent (a wrong
+    type among them included), ``None`` for what is not an object (a string, a list). Only
+    the token counts are read from it (:func:`._records.token_count`), so a malformed usage
+    never costs the turn its ids and logprobs."""
+    if isinstance(usage, Mapping):
+        return dict(usage)
     dump = getattr(usage, "model_dump", None)
     if dump is None:
-        raise Unreadable(f"usage is {type(usage).__name__}, not an object")
-    return dict(dump(exclude_none=True))
+        return None
+    return dict(dump(mode="json", exclude_none=True, warnings=False))

@@ -7,6 +7,7 @@ prompt and texts are recorded, and the first one per model made inside ``@traina
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -16,7 +17,6 @@ from ._calls import OpenCall, Settings
 from ._guard import guarded
 from ._records import ChoiceRecord, LLMCall, jsonable
 from ._redact import UpstreamError, excerpt
-from ._warnings import warn_untrainable
 
 COMPLETIONS_FIX = (
     "ART trains chat conversations: call the model through Chat Completions "
@@ -47,7 +47,7 @@ class CompletionsCall(OpenCall):
         self._finish_reasons: dict[int, str | None] = {}
         super().__init__(call, trajectory, settings.export_tokens, server)
         if scope is not None:
-            warn_untrainable(model, "a Completions API call", COMPLETIONS_FIX)
+            self._warn("a Completions API call", COMPLETIONS_FIX)
 
     def whole(self, status: int, data: bytes) -> None:
         if status >= 400:
@@ -81,8 +81,9 @@ class CompletionsCall(OpenCall):
         call = self.call
         call.response_id = call.response_id or answer.get("id")
         call.response_model = call.response_model or answer.get("model")
-        if answer.get("usage"):
-            call.usage = answer["usage"]
+        usage = answer.get("usage")
+        if isinstance(usage, Mapping) and usage:
+            call.usage = dict(usage)
         for choice in answer.get("choices") or ():
             index = int(choice.get("index", 0))
             self._texts.setdefault(index, []).append(choice.get("text") or "")

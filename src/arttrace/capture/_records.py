@@ -28,6 +28,12 @@ NO_LOGPROBS_INCLUDE_REASONING = "no logprobs (include_reasoning=false)"
 the reasoning."""
 
 
+def token_count(value: Any) -> int | None:
+    """A token count as the server sent it in ``usage``: a non-negative integer, else ``None``
+    (a malformed count is not trusted, and never costs a turn its ids and logprobs)."""
+    return value if type(value) is int and value >= 0 else None
+
+
 def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
     """Parse vLLM's ``token_id:<int>`` logprob tokens; ``None`` if any token has another form."""
     if not all(t.startswith(_TOKEN_ID_PREFIX) for t in tokens):
@@ -140,8 +146,9 @@ class LLMCall:
         """The server counted more sampled tokens (``usage.completion_tokens``, over all
         choices) than the stream carried ids for: vLLM 0.10.2-0.12.x drop the chunks a tool or
         reasoning parser holds back, ids and logprobs together, so the lengths still agree."""
-        counted = (self.usage or {}).get("completion_tokens")
-        if type(counted) is not int or any(c.token_ids is None for c in self.choices):
+        usage = self.usage if isinstance(self.usage, Mapping) else {}
+        counted = token_count(usage.get("completion_tokens"))
+        if counted is None or any(c.token_ids is None for c in self.choices):
             return False
         return counted != sum(len(c.token_ids or ()) for c in self.choices)
 

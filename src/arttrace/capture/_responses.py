@@ -46,9 +46,9 @@ import orjson
 from . import _context
 from ._calls import OpenCall, Settings
 from ._guard import guarded
-from ._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ._records import ChoiceRecord, LLMCall, jsonable, token_count, token_ids_from_tokens
 from ._redact import UpstreamError, excerpt, remember_client
-from ._warnings import _warn_once, warn_untrainable
+from ._warnings import _warn_once
 
 if TYPE_CHECKING:
     from ._trajectory import Trajectory
@@ -267,9 +267,9 @@ class ResponsesCall(OpenCall):
             return
         reason = call.untrainable_reason(call.choices[0])
         if reason in _TOKEN_REASONS:
-            warn_untrainable(call.model, NO_EXACT_TOKENS, RESPONSES_FIX)
+            self._warn(NO_EXACT_TOKENS, RESPONSES_FIX)
         elif reason is not None:
-            warn_untrainable(call.model, reason)
+            self._warn(reason)
 
 
 # -- reading a response ---------------------------------------------------------------------
@@ -345,8 +345,8 @@ def _exact_tokens(response: Mapping[str, Any], items: list[Mapping[str, Any]]) -
     prompt = _raw_tokens(response.get("input_messages"))
     ids = _raw_tokens(response.get("output_messages"))
     usage = response.get("usage")
-    counted = usage.get("output_tokens") if isinstance(usage, Mapping) else None
-    if ids is not None and type(counted) is int and counted != len(ids):
+    counted = token_count(usage.get("output_tokens")) if isinstance(usage, Mapping) else None
+    if ids is not None and counted is not None and counted != len(ids):
         return None, None, None, [], []  # the ids are not the whole turn's: trust none of it
     return prompt, ids, logprobs, tokens, top if any(top) else []
 

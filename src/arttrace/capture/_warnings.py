@@ -1,4 +1,4 @@
-"""One warning per model and cause when a policy turn cannot be trained."""
+"""One warning per run, model and cause when a policy turn cannot be trained."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import sysconfig
 import threading
 import warnings
+from typing import Protocol
 
 from ._records import NO_LOGPROBS_INCLUDE_REASONING, TOKENS_MISSING, UNREADABLE
 
@@ -92,14 +93,31 @@ def warn_unrecorded(what: str, example_id: str) -> None:
     )
 
 
-def warn_untrainable(model: str, reason: str, fix: str | None = None) -> None:
-    """Warn once per model and reason; ``fix`` replaces the generic advice for ``reason``."""
-    _warn_once(
-        (model, reason),
-        f"arttrace: a @trainable call to model {model!r} cannot be trained ({reason}); its turn "
-        f"is kept as context only. {fix or _FIXES.get(reason, '')}",
-        UntrainableTurnWarning,
+class Run(Protocol):
+    """What a run keeps of its warnings (``CallLog``): its name, the (model, cause) pairs told."""
+
+    name: str
+    warned: set[tuple[str, str]]
+
+
+def warn_untrainable(
+    model: str, reason: str, fix: str | None = None, *, run: Run | None = None
+) -> None:
+    """Warn once per ``run``, model and reason (every run that loses a turn says so, not only
+    the first of the process); once per process for a call outside any run. ``fix`` replaces
+    the generic advice for ``reason``."""
+    text = (
+        f"a @trainable call to model {model!r} cannot be trained ({reason}); its turn is kept "
+        f"as context only. {fix or _FIXES.get(reason, '')}"
     )
+    if run is None:
+        _warn_once((model, reason), f"arttrace: {text}", UntrainableTurnWarning)
+        return
+    with _lock:
+        if (model, reason) in run.warned:
+            return
+        run.warned.add((model, reason))
+    warn_every_time(f"arttrace: run {run.name!r}: {text}", UntrainableTurnWarning)
 
 
 class NothingToTrainWarning(UserWarning):

@@ -26,7 +26,6 @@ from ..capture._calls import OpenCall
 from ..capture._guard import guarded
 from ..capture._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
 from ..capture._redact import exception_attributes, redact
-from ..capture._warnings import warn_untrainable
 
 _tracer = trace.get_tracer("arttrace")
 _P = ParamSpec("_P")
@@ -119,7 +118,7 @@ class FrameworkCall(OpenCall):
         for choice in self.call.choices:
             reason = self.call.untrainable_reason(choice)
             if reason is not None:
-                warn_untrainable(self.call.model, reason, self.fix)
+                self._warn(reason, self.fix)
                 return
 
     def _seen_by_shim(self) -> bool:
