@@ -22,7 +22,9 @@ from arttrace.gateway import Gateway
 from arttrace.integrations._core import FrameworkCall, choice_record
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from conftest import TOOLS
-from test_gateway_support import RecordingUpstream
+from test_gateway_support import RecordingUpstream, raw_request
+
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(autouse=True)
@@ -326,6 +328,21 @@ def test_models_and_other_routes_pass_through() -> None:
     assert response.headers["x-upstream"] == "yes"
     assert upstream.exchanges[0].path == "/v1/models"
     assert t.calls == []
+
+
+def test_calls_stay_under_the_upstreams_own_path_prefix() -> None:
+    """An upstream behind a path (``/proxy/v1``): a run's calls reach only what is under it."""
+    upstream = RecordingUpstream()
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
+    prefixed = upstream.base_url.replace("/v1", "/proxy/v1")
+    with upstream, Gateway(prefixed) as gateway, at.trajectory("q-1") as t:
+        run = gateway.url(t).removeprefix(gateway.base_url)
+        answers = [
+            raw_request(gateway.base_url, "POST", f"{run}/{tail}", JSON, body.encode())[0]
+            for tail in ("%2e%2e/%2e%2e/admin", "..%2f..%2fadmin", "chat/completions")
+        ]
+    assert answers == [400, 400, 200]
+    assert [e.path for e in upstream.exchanges] == ["/proxy/v1/chat/completions"]
 
 
 def test_responses_calls_are_forwarded_byte_for_byte_and_recorded() -> None:

@@ -32,7 +32,17 @@ from starlette.types import Message, Scope, Send
 from ._runs import error
 
 _METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE"
-_OTHER_SITE = frozenset({"cross-site", "same-site"})
+_OTHER_SITE = frozenset({b"cross-site", b"same-site"})
+_READ = frozenset(
+    {
+        b"host",
+        b"origin",
+        b"sec-fetch-site",
+        b"content-type",
+        b"content-length",
+        b"transfer-encoding",
+    }
+)
 _WILDCARD = ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::")
 
 
@@ -57,6 +67,8 @@ class Admission:
         self.bound = bound
         if self.loopback or self.any_address:
             self.hosts |= {"localhost"}
+        self._served: set[bytes] = set()
+        """``Host`` values found served, as sent: the check is then one lookup."""
 
     # -- before the token ----------------------------------------------------------------
 
@@ -97,10 +109,14 @@ class Admission:
         refused = _path_refusal(scope)
         if refused is not None or self.token:
             return refused
-        headers = scope["headers"]
-        host = next((v for n, v in headers if n == b"host"), None)
-        if host is not None and not self._serves(_host_name(host.decode("latin-1"))):
+        seen = {n: v for n, v in scope["headers"] if n in _READ}  # one pass, on every call
+        host = seen.get(b"host")
+        if host is not None and host not in self._served:
             name = _host_name(host.decode("latin-1"))
+            if self._serves(name):
+                if len(self._served) < 64:  # any address may be served: keep a few
+                    self._served.add(host)
+                return self._browser(seen, origin)
             return error(
                 400,
                 f"arttrace gateway: refused a request for host {name!r}, which is not this "
@@ -109,10 +125,14 @@ class Admission:
                 f"`--allow-host {name}` (Gateway(allow_hosts=[{name!r}])), or give it a token",
                 "permission_error",
             )
+        return self._browser(seen, origin)
+
+    def _browser(self, seen: dict[bytes, bytes], origin: bytes | None) -> Response | None:
+        """A refusal of what only a web page sends: a request from another page or site, or
+        a body a page may post without asking."""
         if origin is None:
-            page = next((v for n, v in headers if n == b"origin"), None)
-            site = next((v for n, v in headers if n == b"sec-fetch-site"), None)
-            if page is not None or (site is not None and site.decode("latin-1") in _OTHER_SITE):
+            page, site = seen.get(b"origin"), seen.get(b"sec-fetch-site")
+            if page is not None or site in _OTHER_SITE:
                 shown = page.decode("latin-1") if page is not None else "another site"
                 return error(
                     403,
@@ -122,7 +142,9 @@ class Admission:
                     "(Gateway(allow_origins=[...])), or give it a token",
                     "permission_error",
                 )
-        if _has_body(headers) and not _is_json(headers):
+        has_body = b"transfer-encoding" in seen or seen.get(b"content-length", b"0").strip() != b"0"
+        declared = seen.get(b"content-type", b"").partition(b";")[0].strip().lower()
+        if has_body and declared != b"application/json":
             return error(
                 415,
                 "arttrace gateway: send the request body as JSON with `Content-Type: "
@@ -159,6 +181,8 @@ def with_cors(send: Send, origin: bytes) -> Send:
 
 def _path_refusal(scope: Scope) -> Response | None:
     raw = scope.get("raw_path")
+    if raw is not None and b"%" not in raw and b"\\" not in raw and b"/." not in raw:
+        return None  # decoded, it is the same: no dot segment, no slash or backslash to hide
     paths = [scope["path"]] if raw is None else [raw.decode("latin-1"), scope["path"]]
     for path in paths:
         if "\\" in path or any(not _plain(unquote(s)) for s in path.split("/")):
@@ -188,15 +212,3 @@ def _host_name(host: str) -> str:
     if host.count(":") == 1:
         host = host.partition(":")[0]
     return host.rstrip(".")
-
-
-def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    for name, value in headers:
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
-            return True
-    return False
-
-
-def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
-    declared = next((v for n, v in headers if n == b"content-type"), b"")
-    return declared.partition(b";")[0].strip().lower() == b"application/json"
