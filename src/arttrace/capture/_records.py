@@ -104,8 +104,9 @@ class LLMCall:
     """Name of the innermost ``@trainable`` function the call was made in."""
     streamed: bool = False
     source: str = "openai"
-    """The layer that recorded the call: ``"openai"`` (the SDK shim, and the gateway, which
-    records the OpenAI protocol), ``"http"`` (an HTTP client's hook) or a framework's name."""
+    """The layer that recorded the call: ``"openai"`` (the SDK shim), ``"http"`` (an HTTP
+    client's hook), ``"gateway"`` (an ``arttrace.Gateway``: a call of another process) or a
+    framework's name."""
     framework: str | None = None
     """The framework that made the call (LangChain, LlamaIndex, ADK), when one did."""
     step: str | None = None
