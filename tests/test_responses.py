@@ -414,10 +414,16 @@ def test_a_turn_that_is_only_a_function_call_is_context_with_one_warning(instrum
         agent()
     # Only ours: a stray ResourceWarning of an earlier test's socket may land here too.
     (warning,) = [w for w in caught if w.category is at.UntrainableTurnWarning]
-    assert "OpenAIChatCompletionsModel" in str(warning.message)
-    assert "token_generations" in str(warning.message)
+    said = str(warning.message)
+    assert "OpenAIChatCompletionsModel" in said and "token_generations" in said
+    # It says what is missing: the ids came, the logprobs did not.
+    assert "only a function call: token ids, no logprobs" in said
+    assert "without exact token ids" not in said
     assert t.trainable_turns == 0 and len(t.calls) == 3
-    assert all(c.choices[0].message["tool_calls"] for c in t.calls)
+    for call in t.calls:
+        (choice,) = call.choices
+        assert choice.message["tool_calls"] and choice.logprobs is None
+        assert call.prompt_token_ids is not None and choice.token_ids is not None
 
 
 def test_a_server_returning_token_generations_makes_every_turn_trainable(instrumented, started):
@@ -452,7 +458,7 @@ def test_request_training_data_false_sends_the_request_unchanged(started):
             client.responses.create(model="policy", input="x")
 
         with (
-            pytest.warns(at.UntrainableTurnWarning, match="OpenAIChatCompletionsModel"),
+            pytest.warns(at.UntrainableTurnWarning, match="OpenAIChatCompletionsModel") as caught,
             at.trajectory("q") as t,
         ):
             agent()
@@ -462,6 +468,8 @@ def test_request_training_data_false_sends_the_request_unchanged(started):
     assert server.responses.requests == [{"model": "policy", "input": "x"}]
     (call,) = t.calls
     assert call.trainable and t.trainable_turns == 0 and call.choices[0].logprobs is None
+    (warning,) = [w for w in caught if w.category is at.UntrainableTurnWarning]
+    assert "without prompt token ids, sampled token ids and logprobs" in str(warning.message)
 
 
 def test_calls_outside_trainable_are_context_and_ask_for_nothing(instrumented, started):

@@ -22,11 +22,12 @@ ids (with their logprobs) of *one* generation. The response carries them in one 
 
 On ``@trainable`` calls arttrace asks for both vLLM fields (sampling parameters untouched;
 ``instrument(request_training_data=False)`` turns this off). A turn without exact tokens is
-kept as context, and the first per model warns (:class:`~arttrace.UntrainableTurnWarning`)
-naming the fix. The record is a Chat Completions-shaped :class:`~._records.LLMCall`: input items
-become messages (``function_call`` items an assistant's ``tool_calls``, ``function_call_output``
-items ``tool`` messages, ``reasoning`` items the assistant's ``reasoning``), so conversion to
-ART is the chat path's.
+kept as context, and the first per run and model warns
+(:class:`~arttrace.UntrainableTurnWarning`), naming what is missing and the fix. The record is
+a Chat Completions-shaped :class:`~._records.LLMCall`: input items become messages
+(``function_call`` items an assistant's ``tool_calls``, ``function_call_output`` items ``tool``
+messages, ``reasoning`` items the assistant's ``reasoning``), so conversion to ART is the chat
+path's.
 
 ``previous_response_id``: the model saw the chain's earlier turns, so the record's messages
 start with them when the earlier turn was recorded in this run; when it was not (or the call
@@ -48,14 +49,21 @@ from ._calls import OpenCall, Settings
 from ._guard import guarded
 from ._records import ChoiceRecord, LLMCall, jsonable, token_count, token_ids_from_tokens
 from ._redact import UpstreamError, excerpt, remember_client
-from ._warnings import _warn_once
+from ._warnings import _warn_once, fix_for
 
 if TYPE_CHECKING:
     from ._trajectory import Trajectory
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 RESPONSE_MESSAGES = "enable_response_messages"
-NO_EXACT_TOKENS = "a Responses API turn without exact token ids"
+FUNCTION_CALL_ONLY = "a Responses API turn that is only a function call: token ids, no logprobs"
+FUNCTION_CALL_FIX = (
+    "vLLM attaches a Responses turn's logprobs to its output text, so a turn that is only a "
+    "function call (a tool call or a handoff) comes with its token ids but no logprobs, and ART "
+    "cannot train it. Call the model through Chat Completions, whose tool-call turns carry "
+    "logprobs (for the OpenAI Agents SDK: OpenAIChatCompletionsModel), or serve it with a "
+    "server that returns token_generations."
+)
 RESPONSES_FIX = (
     "ART trains a turn on the exact prompt and sampled token ids, which a Responses API "
     "server returns only when asked: serve the policy with vLLM, which returns them for "
@@ -267,9 +275,34 @@ class ResponsesCall(OpenCall):
             return
         reason = call.untrainable_reason(call.choices[0])
         if reason in _TOKEN_REASONS:
-            self._warn(NO_EXACT_TOKENS, RESPONSES_FIX)
+            self._warn(*_without_exact_tokens(call, call.choices[0]))
         elif reason is not None:
             self._warn(reason)
+
+
+def _without_exact_tokens(call: LLMCall, choice: ChoiceRecord) -> tuple[str, str]:
+    """The cause of a Responses turn that lacks exact tokens, naming what it lacks, and its
+    fix."""
+    missing = [
+        name
+        for name, value in (
+            ("prompt token ids", call.prompt_token_ids),
+            ("sampled token ids", choice.token_ids),
+            ("logprobs", choice.logprobs),
+        )
+        if value is None
+    ]
+    if not missing:
+        reason = "token ids and logprobs differ in length"
+        return f"a Responses API turn whose {reason}", fix_for(reason)
+    if (
+        missing == ["logprobs"]
+        and choice.message.get("tool_calls")
+        and not choice.message.get("content")
+    ):
+        return FUNCTION_CALL_ONLY, FUNCTION_CALL_FIX
+    listed = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+    return f"a Responses API turn without {listed}", RESPONSES_FIX
 
 
 # -- reading a response ---------------------------------------------------------------------
