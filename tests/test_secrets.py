@@ -209,7 +209,7 @@ class _Echoing(BaseHTTPRequestHandler):
 def _nothing_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test redacts what it sent itself, not what an earlier test taught arttrace."""
     monkeypatch.setattr(_redact, "_known", ())
-    monkeypatch.setattr(_redact, "_read", frozenset(), raising=False)
+    monkeypatch.setattr(_redact, "_seen", {}, raising=False)
 
 
 @pytest.fixture
@@ -344,3 +344,11 @@ def test_every_credential_scheme_is_redacted_from_the_gateway_journal(
     journal = {str(p): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
     assert any("401" in text for text in journal.values())  # the call's error is journaled
     assert _leaks(secrets, journal) == []
+
+
+def test_a_fresh_signature_on_every_call_does_not_grow_what_is_remembered_without_end():
+    for n in range(3 * _redact._MAX_SECRETS):
+        _redact.remember_headers({"Authorization": f"HMAC Signature=sig-{n:012d}"})
+    assert len(_redact._seen) == _redact._MAX_SECRETS
+    newest = f"sig-{3 * _redact._MAX_SECRETS - 1:012d}"
+    assert _redact.redact(f"bad signature {newest}") == "bad signature [redacted]"

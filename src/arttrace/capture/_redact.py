@@ -45,11 +45,14 @@ _SECRET_PARAMS = frozenset(
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9._+-]*)\s+(\S.*)", re.DOTALL)
 """``<scheme> <credentials>``, the form of an ``Authorization`` value."""
 _PARTS = re.compile(r"[,;]")
+_MAX_SECRETS = 1024
+"""Values remembered at most (the oldest let go): a client signing each request (a fresh
+``Signature=`` every call) must not grow them without end."""
+_seen: dict[str, tuple[str, ...]] = {}
+"""Each value remembered (oldest first) and the forms of it to redact."""
 _known: tuple[str, ...] = ()
-"""The secrets seen, longest first; replaced whole when a new one is seen (rare), read
+"""The forms to redact, longest first; replaced whole when a new value is seen (rare), read
 lock-free."""
-_read: frozenset[str] = frozenset()
-"""The values already taken apart by :func:`remember` (each caller sends the same ones)."""
 _lock = threading.Lock()
 
 
@@ -58,17 +61,21 @@ def remember(secret: object) -> None:
     on: the whole value, its credentials after the scheme, a ``Basic`` pair decoded (and its
     password), the values of ``name=value`` parts (Digest, cookies), each as it may be echoed
     (percent-encoded, JSON-escaped)."""
-    global _known, _read
+    global _known
     if isinstance(secret, bytes):
         secret = secret.decode("latin-1")
-    if not isinstance(secret, str) or secret in _read:
+    if not isinstance(secret, str) or secret in _seen:
         return
     found = {form for value in _values(secret.strip()) for form in _forms(value)}
-    found = {value for value in found if len(value) >= _MIN_SECRET}
+    forms = tuple(value for value in found if len(value) >= _MIN_SECRET)
     with _lock:
-        _read = _read | {secret}
-        if not found <= set(_known):
-            _known = tuple(sorted({*_known, *found}, key=len, reverse=True))
+        if secret in _seen:
+            return
+        _seen[secret] = forms
+        if len(_seen) > _MAX_SECRETS:
+            del _seen[next(iter(_seen))]
+        every = {form for known in _seen.values() for form in known}
+        _known = tuple(sorted(every, key=len, reverse=True))
 
 
 def _values(value: str) -> Iterator[str]:
@@ -82,7 +89,7 @@ def _values(value: str) -> Iterator[str]:
             yield from _basic(credentials)
     for part in _PARTS.split(value):
         name, equals, rest = part.partition("=")
-        if equals and name.strip() and " " not in name.strip():
+        if equals and name.split():  # "Digest username=...", "Signature=...", a cookie
             yield rest.strip().strip('"')
 
 
