@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import __version__
 from .._errors import ConfigurationError
-from . import gateway_command
+from . import gateway_command, serve_test_model
 from ._demo_checks import CPU_EXTRA, check_options, check_out, check_server, missing_cpu_module
 
 _DESCRIPTION = (
@@ -132,7 +132,11 @@ def _add_demo(commands: _Subcommands) -> None:
         "written to disk as ART's groups (DryRunBackend). Needs --model (default: none, the "
         "demo serves its own model)",
     )
-    demo.add_argument("--model", help="with --base-url: the model name your server serves")
+    demo.add_argument(
+        "--model",
+        help="with --base-url: the model name your server serves (default: none; required "
+        "with --base-url)",
+    )
     demo.add_argument(
         "--examples",
         type=int,
@@ -240,7 +244,11 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-_COMMANDS: list[Callable[[_Subcommands], None]] = [_add_demo, gateway_command.add_parser]
+_COMMANDS: list[Callable[[_Subcommands], None]] = [
+    _add_demo,
+    gateway_command.add_parser,
+    serve_test_model.add_parser,
+]
 """Each adds one subcommand; ``arttrace --help`` lists them in this order."""
 
 

@@ -90,7 +90,7 @@ def add_parser(subparsers: Any) -> None:
         metavar="NAME",
         help="another name callers reach the gateway by (repeatable; '*': any). Without a "
         "token, a request for any other Host is refused, so a web page cannot reach it by "
-        "DNS rebinding",
+        "DNS rebinding (default: its own address; localhost too on a loopback address)",
     )
     parser.add_argument(
         "--allow-origin",
@@ -99,7 +99,8 @@ def add_parser(subparsers: Any) -> None:
         type=_checked(str, _options.origin_problem),
         metavar="ORIGIN",
         help="a web page that may call the gateway, e.g. http://localhost:3000 (repeatable; "
-        "'*': any). Without a token, browsers' requests from other sites are refused",
+        "'*': any). Without a token, browsers' requests from other sites are refused (default: "
+        "none)",
     )
     parser.set_defaults(run=run)
 
