@@ -284,7 +284,7 @@ def test_serve_test_model_refuses_a_bad_port_in_one_line(
                 f"cannot listen on 127.0.0.1:{port} (Address already in use): pick "
                 "another --port (0: any free port)",
             ),
-            ("70000", "argument --port: '70000' is not a port: give 0-65535 (0: any free port)"),
+            ("70000", "argument --port: must be 0 to 65535 (0: any free port), got 70000"),
         ]:
             with pytest.raises(SystemExit) as exit_:
                 cli(["serve-test-model", "--port", bad])

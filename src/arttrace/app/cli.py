@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import __version__
 from .._errors import ConfigurationError
 from . import gateway_command, serve_test_model
+from ._args import HelpFormatter
 from ._demo_checks import CPU_EXTRA, check_options, check_out, check_server, missing_cpu_module
 
 _DESCRIPTION = (
@@ -27,16 +28,6 @@ _DESCRIPTION = (
     "reinforcement learning on OpenPipe ART. Documentation: the docs/ folder (mkdocs serve)."
 )
 type _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's default shown after its help; ``None`` is no default to show (the help
-    says what happens without the option)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +64,7 @@ def _build() -> tuple[argparse.ArgumentParser, _Subcommands]:
         prog="arttrace",
         description=_DESCRIPTION,
         epilog="Run 'arttrace COMMAND --help' for a command's options.",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--version", action="version", version=f"arttrace {__version__}", help="print the version"
@@ -90,7 +81,7 @@ def _command(
     """A subcommand with the shared formatter: ``summary`` in ``arttrace --help``,
     ``description`` in ``arttrace <name> --help``."""
     parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=description, formatter_class=_Formatter
+        name, help=summary, description=description, formatter_class=HelpFormatter
     )
     return parser
 

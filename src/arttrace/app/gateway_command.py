@@ -16,11 +16,11 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..gateway import _options
+from ._args import HelpFormatter, checked, port
 
 _EPILOG = """\
 the run API (JSON):
@@ -32,12 +32,8 @@ A run's "url" is an OpenAI base URL: give it to the agent (OPENAI_BASE_URL).
 """
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after each option's help (``None``, as for a required option, is none);
-    the description keeps its line breaks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
+class _Formatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The shared layout; the description and the run API's epilog keep their line breaks."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -58,13 +54,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--upstream",
         required=True,
-        type=_checked(str, _options.upstream_problem),
+        type=checked(str, _options.upstream_problem),
         help="the policy server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
         "--port",
-        type=_checked(int, _options.port_problem),
+        type=port,
         default=8787,
         help="port (0: any free port)",
     )
@@ -78,7 +74,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_checked(float, _options.timeout_problem),
+        type=checked(float, _options.timeout_problem),
         default=600.0,
         help="seconds an upstream call may take",
     )
@@ -86,7 +82,7 @@ def add_parser(subparsers: Any) -> None:
         "--allow-host",
         action="append",
         default=None,
-        type=_checked(str, _options.host_problem),
+        type=checked(str, _options.host_problem),
         metavar="NAME",
         help="another name callers reach the gateway by (repeatable; '*': any). Without a "
         "token, a request for any other Host is refused, so a web page cannot reach it by "
@@ -96,7 +92,7 @@ def add_parser(subparsers: Any) -> None:
         "--allow-origin",
         action="append",
         default=None,
-        type=_checked(str, _options.origin_problem),
+        type=checked(str, _options.origin_problem),
         metavar="ORIGIN",
         help="a web page that may call the gateway, e.g. http://localhost:3000 (repeatable; "
         "'*': any). Without a token, browsers' requests from other sites are refused (default: "
@@ -147,26 +143,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         gateway.stop()
     print("arttrace gateway: stopped", flush=True)
     return 0
-
-
-def _checked(
-    kind: Callable[[str], Any], problem: Callable[[Any], str | None]
-) -> Callable[[str], Any]:
-    """An argument type: ``kind`` of the text, refused (one line, exit status 2) when the
-    gateway's own check ``problem`` finds it wrong, in the check's words. The checks load
-    nothing heavy, so a bad argument is refused at once."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
-        if (found := problem(value)) is not None:
-            raise argparse.ArgumentTypeError(found)
-        return value
-
-    convert.__name__ = kind.__name__  # argparse names the type in its own messages
-    return convert
 
 
 def _fix(error: BaseException) -> str:

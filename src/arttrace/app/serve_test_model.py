@@ -18,6 +18,8 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from ._args import HelpFormatter, port
+
 if TYPE_CHECKING:  # arttrace.testing loads httpx: not on every `arttrace` command's way
     from ..testing import Reply, ScriptedLLM
 
@@ -87,20 +89,6 @@ def quiz_model() -> ScriptedLLM:
 # -- the command -----------------------------------------------------------------------------
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's default shown after its help."""
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0-65535 (0: any free port)")
-    return port
-
-
 def add_parser(subparsers: Any) -> None:
     """Register ``serve-test-model`` on the ``arttrace`` command's subparsers."""
     parser = subparsers.add_parser(
@@ -113,10 +101,10 @@ def add_parser(subparsers: Any) -> None:
         "each question right every other time, so the runs of one example earn different "
         "rewards; anything else it echoes. Point OPENAI_BASE_URL at the URL it prints "
         "(OPENAI_API_KEY may be anything).",
-        formatter_class=_Formatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
-        "--port", type=_port, default=DEFAULT_PORT, help="port to listen on (0: any free port)"
+        "--port", type=port, default=DEFAULT_PORT, help="port to listen on (0: any free port)"
     )
     parser.set_defaults(run=lambda args, _top: run(args, parser))  # errors show this usage
 

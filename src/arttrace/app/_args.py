@@ -1,0 +1,41 @@
+"""What every ``arttrace`` command's parser shares: its help layout and its argument checks,
+which load nothing heavy, so a bad argument is refused at once."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ..gateway._options import port_problem
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default shown after its help; ``None`` is no default to show (a
+    required option, or one whose help says what happens without it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def checked(
+    kind: Callable[[str], Any], problem: Callable[[Any], str | None]
+) -> Callable[[str], Any]:
+    """An argument type: ``kind`` of the text, refused (one line, exit status 2) when the check
+    ``problem`` finds it wrong, in the check's words."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {kind.__name__}: {text!r}") from None
+        if (found := problem(value)) is not None:
+            raise argparse.ArgumentTypeError(found)
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its own messages
+    return convert
+
+
+port = checked(int, port_problem)
+"""A port to listen on: 0 to 65535, 0 for any free port."""
