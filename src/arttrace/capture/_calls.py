@@ -226,11 +226,12 @@ class CallLog:
             self._drop(call, "ended")
 
     def _drop(self, call: OpenCall, when: str) -> None:
+        warned = False
         with guarded("reporting a call after its run ended"):
-            report_late_call(self)  # a thread or task the run handed work to: warned per cause
+            warned = report_late_call(self)  # work the run handed to a thread: its own warning
         with self._lock:
             first, self._dropped = not self._dropped, True
-        if first:
+        if first and not warned:
             _log.warning(
                 "arttrace: a call to model %r %s after trajectory %r had ended, so it is not "
                 "recorded in it (its span still ends). A task or thread the run started "

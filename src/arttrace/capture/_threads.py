@@ -106,14 +106,16 @@ def uninstall() -> None:
             setattr(owner, name, _originals.pop((owner, name)))
 
 
-def report_late_call(log: CallLog) -> None:
+def report_late_call(log: CallLog) -> bool:
     """A call started or ended after the run of ``log`` ended: if arttrace carried that run
-    into this thread, warn once per cause (the run's log records nothing more either way)."""
+    into this thread, warn once per cause and say so (the run's log records nothing more
+    either way)."""
     carried = _carried.get()
     if carried is None or carried.trajectory is None or carried.trajectory.call_log is not log:
-        return  # not carried here by arttrace (a leftover asyncio task): the log says so
+        return False  # not carried here by arttrace (a leftover asyncio task): the log says so
     shared = carried.how == "thread" and len(_context.open_runs) > 0
     warn_run_outlived(log.name, "shared worker" if shared else carried.how)
+    return True
 
 
 def _here(how: str) -> _Carried:
