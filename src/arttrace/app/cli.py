@@ -98,7 +98,7 @@ def _add_demo(commands: _Subcommands) -> None:
         "through arttrace's Trainer. By default a tiny Qwen2 with random weights runs on this "
         "machine's CPU (CPUBackend): a short supervised warm-up teaches it four one-word "
         "greetings alike, then GRPO steps reward the house greeting; validation on held-out "
-        "customers before and after shows it learned (about a minute on 2 cores). "
+        "customers before and after shows it learned (about a minute and a half on 2 cores). "
         "Needs no GPU and no network.",
     )
     demo.add_argument(
