@@ -172,12 +172,17 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(t
     torch.manual_seed(0)
     settings = CPUSettings(examples=4, rollouts=6, steps=6, validation=24)
     summary = await run_greeter_demo(tmp_path / "demo", settings=settings)
-    metrics = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").open()]
+    metrics = [
+        json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()
+    ]
     losses = [m["train/loss"] for m in metrics if "train/loss" in m]
     assert len(losses) >= 3 and min(losses[1:]) < losses[0]
     assert summary["val_reward_last"] >= summary["val_reward_step_0"] + 0.2
     assert summary["backend"].startswith("cpu (CPUBackend")
-    validations = [json.loads(line) for line in (tmp_path / "demo" / "validation.jsonl").open()]
+    validations = [
+        json.loads(line)
+        for line in (tmp_path / "demo" / "validation.jsonl").read_text().splitlines()
+    ]
     assert [v["step"] for v in validations] == [0, 6] and validations[0]["examples"] == 24
     checkpoints = tmp_path / "demo" / ".art" / "arttrace-demo" / "models" / "demo" / "checkpoints"
     assert len(list(checkpoints.iterdir())) == 1  # the demo keeps the latest only
@@ -244,7 +249,7 @@ async def test_the_same_seed_gives_the_same_run(tmp_path):
         out = tmp_path / name
         await run_greeter_demo(out, seed=0, settings=settings)
         at.uninstrument()
-        metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         timeless = [{k: v for k, v in m.items() if "seconds" not in k} for m in metrics]
         journal = Journal(out)
         replies = [
