@@ -530,6 +530,11 @@ def test_a_fault_while_recording_the_callers_exception_leaves_it_alone(
     def agent() -> None:
         raise Mine("the caller's own")
 
-    with pytest.raises(Mine, match="the caller's own"), at.trajectory("ex") as t:
+    _warnings.reset()  # once per process: this test asserts it
+    with (
+        pytest.warns(at.NothingToTrainWarning, match="no LLM call was seen"),
+        pytest.raises(Mine, match="the caller's own"),
+        at.trajectory("ex") as t,
+    ):
         agent()
     assert t.exception is not None and t.exception["type"].endswith("Mine")

@@ -7,6 +7,7 @@ import functools
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import wrapt
 from openai.resources.chat.completions import AsyncCompletions, Completions
 
 import arttrace as at
+from arttrace.capture import _warnings
 from arttrace.capture._unwrap import ours
 from arttrace.testing import Reply, ScriptedLLM
 
@@ -47,8 +49,17 @@ def _client(replies: int = 4) -> openai.OpenAI:
 
 
 def _calls_recorded(client: openai.OpenAI) -> int:
-    with at.trajectory("ex") as t:
-        at.trainable(client.chat.completions.create)(model="policy", messages=USER)
+    """The calls one run recorded; a run that recorded none must say so (never silent)."""
+    _warnings.reset()  # the warning is once per process: each run here may give it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with at.trajectory("ex") as t:
+            at.trainable(client.chat.completions.create)(model="policy", messages=USER)
+    told = [w for w in caught if issubclass(w.category, at.NothingToTrainWarning)]
+    assert len(told) == (0 if t.calls else 1), [str(w.message) for w in told]
+    for w in caught:  # anything else is not this helper's to swallow
+        if w not in told:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return len(t.calls)
 
 

@@ -523,7 +523,11 @@ def test_install_is_idempotent_and_uninstall_makes_the_handler_inert(llm_server)
     def solve(k: int) -> Any:
         return agent.invoke({"messages": [("user", f"agent {k}")]})
 
-    with at.trajectory("ex") as t:
+    _warnings.reset()  # once per process: this test asserts it
+    with (
+        pytest.warns(at.NothingToTrainWarning, match=r"instrument\(\) was not called"),
+        at.trajectory("ex") as t,
+    ):
         solve(1)
     assert len(s.llm.requests) == 3 and t.calls == []
 

@@ -712,6 +712,10 @@ def test_install_and_uninstall_are_idempotent_and_uninstall_stops_recording(serv
     def ask() -> None:
         llm.chat([ChatMessage(role="user", content="q")])
 
-    with at.trajectory("off") as t:
+    _warnings.reset()  # once per process: this test asserts it
+    with (
+        pytest.warns(at.NothingToTrainWarning, match=r"instrument\(\) was not called"),
+        at.trajectory("off") as t,
+    ):
         ask()
     assert t.calls == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -14,6 +15,7 @@ from openai.resources.chat.completions import AsyncCompletions, Completions
 
 import arttrace as at
 from arttrace import ChoiceRecord, LLMCall
+from arttrace.capture import _warnings
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 from conftest import TOOLS
 
@@ -125,7 +127,13 @@ def _stream_arms(clients, reply: Reply, *, use_async: bool, include_usage: bool)
             with sync_client.chat.completions.create(**kwargs) as stream:
                 return list(stream)
 
-        with at.trajectory("ex") as t:
+        _warnings.reset()  # once per process: the plain arm asserts it
+        told = (
+            contextlib.nullcontext()
+            if instrumented_arm
+            else pytest.warns(at.NothingToTrainWarning, match=r"instrument\(\) was not called")
+        )
+        with told, at.trajectory("ex") as t:
             chunks = asyncio.run(run_async()) if use_async else run_sync()
         at.uninstrument()
         results.append((chunks, t))

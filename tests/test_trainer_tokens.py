@@ -146,7 +146,10 @@ async def test_a_step_with_nothing_to_train_fails_and_resume_runs_it_again(
         model = llm()
         model.token_ids = False  # a server that does not return vLLM's token ids
         agent = Agent(model, server)
-        with pytest.raises(at.TrainingError) as error:
+        with (
+            pytest.warns(at.UntrainableTurnWarning, match="no token ids"),
+            pytest.raises(at.TrainingError) as error,
+        ):
             await trainer(tmp_path, agent, backend).step()
         message = str(error.value)
         assert "step 0: 3 of the 3 groups with learning signal hold no trainable token" in message
@@ -168,5 +171,8 @@ async def test_a_step_with_nothing_to_train_fails_and_resume_runs_it_again(
 
 
 async def test_without_instrument_the_step_error_names_it(tmp_path: Path, server: Serve) -> None:
-    with pytest.raises(at.TrainingError, match=r"arttrace.instrument\(\) was not called"):
+    with (
+        pytest.warns(at.NothingToTrainWarning, match=r"instrument\(\) was not called"),
+        pytest.raises(at.TrainingError, match=r"arttrace.instrument\(\) was not called"),
+    ):
         await trainer(tmp_path, Agent(llm(), server), Backend()).step()

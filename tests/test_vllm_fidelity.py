@@ -451,7 +451,7 @@ def test_concealing_leaves_openai_style_chunks_as_the_caller_would_see_them() ->
         http_client=httpx.Client(transport=httpx.MockTransport(answer)),
     )
     base = {"model": "policy", "messages": ASK, "stream": True}
-    with at.trajectory("ex"):
+    with pytest.warns(at.UntrainableTurnWarning, match="no logprobs"), at.trajectory("ex"):
         capture = at.trainable(lambda: Capture(base, Settings(), sdk, hide_usage=True))()
         seen = read_as_the_proxy(sdk, capture)
     plain = list(sdk.chat.completions.create(**base))
