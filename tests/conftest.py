@@ -71,14 +71,18 @@ def server() -> Iterator[Callable[[ScriptedLLM], LLMServer]]:
 @pytest.fixture
 def clients(
     server: Callable[[ScriptedLLM], LLMServer],
-) -> Callable[..., tuple[openai.OpenAI, openai.AsyncOpenAI]]:
-    """Sync and async clients talking to a fresh scripted server over loopback HTTP."""
+) -> Iterator[Callable[..., tuple[openai.OpenAI, openai.AsyncOpenAI]]]:
+    """Sync and async clients talking to a fresh scripted server over loopback HTTP. The sync
+    clients are closed after the test (their sockets would otherwise be left to the garbage
+    collector, a ResourceWarning); an async client belongs to the loop that used it and is
+    closed by the test inside that loop."""
+    made: list[openai.OpenAI] = []
 
     def make(llm: ScriptedLLM) -> tuple[openai.OpenAI, openai.AsyncOpenAI]:
         url = server(llm).base_url
-        return (
-            openai.OpenAI(base_url=url, api_key="test", max_retries=0),
-            openai.AsyncOpenAI(base_url=url, api_key="test", max_retries=0),
-        )
+        made.append(openai.OpenAI(base_url=url, api_key="test", max_retries=0))
+        return made[-1], openai.AsyncOpenAI(base_url=url, api_key="test", max_retries=0)
 
-    return make
+    yield make
+    for client in made:
+        client.close()

@@ -119,8 +119,9 @@ def _stream_arms(clients, reply: Reply, *, use_async: bool, include_usage: bool)
 
         @at.trainable
         async def run_async() -> list[Any]:
-            stream = await async_client.chat.completions.create(**kwargs)
-            return [chunk async for chunk in stream]
+            async with async_client:  # closed inside the loop that opened its connections
+                stream = await async_client.chat.completions.create(**kwargs)
+                return [chunk async for chunk in stream]
 
         @at.trainable
         def run_sync() -> list[Any]:
@@ -227,7 +228,7 @@ async def test_with_raw_response_async(instrumented, clients, stream):
         parsed = raw.parse()
         return [c async for c in parsed] if stream else parsed
 
-    async with at.trajectory("ex") as t:
+    async with client, at.trajectory("ex") as t:
         await agent()
     (call,) = t.calls
     assert call.choices[0].message["content"] == "raw async" and not call.partial
