@@ -27,6 +27,7 @@ Writing code blocks in README.md and docs/ (the convention these tests enforce)
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import os
@@ -134,15 +135,17 @@ def test_every_block_runs_or_is_marked(block: Block) -> None:
             raise AssertionError(f"{block.where}: {error.msg}{hint}") from None
 
 
-def run_blocks(runnable: list[Block], folder: Path) -> None:
+def run_blocks(runnable: list[Block], folder: Path, *, warns: str | None = None) -> None:
     """Write a page's blocks to files in ``folder`` (the working directory) and run each, in
     order, as ``python FILE`` would (in this process, so ART is imported once per session):
     top-level ``await`` is a SyntaxError, as in a file. ``OPENAI_BASE_URL`` points at a fresh
-    test-model server; a failure names the block's page and line."""
+    test-model server; a failure names the block's page and line. arttrace's own warnings are
+    asserted: the page's example gives the one ``warns`` names (its page explains it), or
+    none."""
     saved = {k: os.environ.get(k) for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
     path = list(sys.path)
     try:
-        with serve(quiz_model()) as server, warnings.catch_warnings():
+        with serve(quiz_model()) as server, warnings.catch_warnings(record=True) as caught:
             os.environ.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="docs-test")
             sys.path.insert(0, str(folder))
             for block in runnable:
@@ -154,6 +157,7 @@ def run_blocks(runnable: list[Block], folder: Path) -> None:
                     raise AssertionError(f"{block.where} failed: {error!r}") from error
                 finally:
                     _forget(folder)  # each script starts afresh, as in its own process
+        _expect_warnings(caught, warns, runnable[0].where if runnable else "")
     finally:
         for key, value in saved.items():
             if value is None:
@@ -163,6 +167,36 @@ def run_blocks(runnable: list[Block], folder: Path) -> None:
         sys.path[:] = path
         at.uninstrument()
         _warnings.reset()
+        _exit_as_a_process_would()
+
+
+def _exit_as_a_process_would() -> None:
+    """Collect what the scripts left behind, as their process's exit would. A script's
+    module-level client (``client = AsyncOpenAI()``, as the pages write it) keeps its pooled
+    connections after ``asyncio.run`` closes the loop; run as a file, the process then exits.
+    Run here, they would be collected during a later test, an "unclosed transport"
+    ResourceWarning under that test's name."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "unclosed", ResourceWarning)
+        gc.collect()
+
+
+def _expect_warnings(caught: list[warnings.WarningMessage], warns: str | None, where: str) -> None:
+    """Fail on an arttrace warning the page does not expect (and on a missing expected one);
+    give every other warning back to pytest's summary."""
+    ours = [str(w.message) for w in caught if w.category.__module__.startswith("arttrace")]
+    if warns is None:
+        assert ours == [], f"{where}: the example warns: {ours}"
+    else:
+        assert any(warns in text for text in ours), f"{where}: expected a warning {warns!r}"
+        assert all(warns in text for text in ours), f"{where}: unexpected warnings: {ours}"
+    for w in caught:
+        if not w.category.__module__.startswith("arttrace"):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+WARNS = {"docs/openai_agents.md": "only a function call"}
+"""Pages whose example warns on purpose (the page says why), and what the warning says."""
 
 
 def _forget(folder: Path) -> None:
@@ -189,8 +223,8 @@ train nothing on flat groups: the Trainer's output folder each one writes."""
 )
 def test_runnable_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    run_blocks(RUNNABLE[page], tmp_path)
     where = str(page.relative_to(ROOT))
+    run_blocks(RUNNABLE[page], tmp_path, warns=WARNS.get(where))
     if where in SHIPS:
         first = json.loads((tmp_path / SHIPS[where] / "metrics.jsonl").read_text().splitlines()[0])
         assert first["groups_kept"] >= 1, f"{where}: its training step ships nothing: {first}"
@@ -334,6 +368,7 @@ def test_examples_run(script: str, capsys: pytest.CaptureFixture[str]) -> None:
     finally:
         at.uninstrument()
         _warnings.reset()
+        _exit_as_a_process_would()
     assert "Choice" in capsys.readouterr().out  # each prints the ART form of what it captured
 
 
@@ -350,6 +385,7 @@ def test_my_agent_cpu_trains_for_real(
     finally:
         at.uninstrument()
         _warnings.reset()
+        _exit_as_a_process_would()
     steps = re.findall(
         r"^step (\d+): reward [\d.]+, (\d+) groups shipped, loss -?\d",
         capsys.readouterr().out,
