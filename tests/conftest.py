@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm import
 
@@ -86,3 +88,15 @@ def clients(
     yield make
     for client in made:
         client.close()
+
+
+@contextlib.contextmanager
+def warnings_are_errors() -> Iterator[None]:
+    """Any warning given in the block fails the test (nothing of arttrace's may reach the
+    caller), except a ResourceWarning: the garbage collector may collect an earlier test's
+    leftover socket during the block, which is not the block's doing (ignored, as Python's
+    default filters do)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield

@@ -24,6 +24,7 @@ from arttrace.capture._calls import CallLog, OpenCall
 from arttrace.capture._chat import Capture, _StreamedChoice
 from arttrace.capture._records import UNREADABLE
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
+from conftest import warnings_are_errors
 
 URL = "http://llm.test/v1"
 USER = [{"role": "user", "content": "add 1 and 2"}]
@@ -222,10 +223,8 @@ def test_a_malformed_usage_never_costs_the_turn(instrumented, respx_mock, usage,
         return [_dump(c) for c in result] if stream else _dump(result)
 
     plain = consume()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning, arttrace's or pydantic's
-        with at.trajectory("ex") as t:
-            captured = at.trainable(consume)()
+    with warnings_are_errors(), at.trajectory("ex") as t:  # no warning, ours or pydantic's
+        captured = at.trainable(consume)()
     assert captured == plain
     (call,) = t.calls
     assert call.capture_error is None and t.trainable_turns == 1
@@ -409,8 +408,7 @@ def _run_arm(mode: str, capture: bool) -> Any:
 
 @pytest.fixture(scope="module")
 def uninstrumented() -> dict[str, Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_are_errors():
         return {mode: _run_arm(mode, capture=False) for mode in MODES}
 
 
@@ -429,8 +427,7 @@ def test_a_fault_in_any_capture_step_is_invisible_to_the_caller(
     monkeypatch.setattr(owner, name, boom)
     monkeypatch.setattr(_guard, "_logged", set())  # each failure place logs its first time again
     for mode in MODES:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # nothing of arttrace's may reach the caller
+        with warnings_are_errors():  # nothing of arttrace's may reach the caller
             assert _run_arm(mode, capture=True) == uninstrumented[mode], mode
         _warnings.reset()
     assert fired, f"the fault in {fault} never fired: the test proves nothing"

@@ -27,6 +27,7 @@ from arttrace.capture import (
     _wire,
 )
 from arttrace.testing import LLMServer, ScriptedLLM
+from conftest import warnings_are_errors
 from test_http_clients import CLIENTS, MODES, USER, normal
 
 Serve = Callable[[ScriptedLLM], LLMServer]
@@ -101,8 +102,7 @@ async def test_a_fault_in_any_step_is_invisible_to_the_caller(
     monkeypatch.setattr(_guard, "_logged", set())
     at.instrument()
     try:
-        with warnings.catch_warnings(), caplog.at_level(logging.ERROR, "arttrace"):
-            warnings.simplefilter("error")
+        with warnings_are_errors(), caplog.at_level(logging.ERROR, "arttrace"):
             seen, t = await caller(server, client, MODES[mode], asks)
     finally:
         at.uninstrument()

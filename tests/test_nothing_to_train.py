@@ -14,6 +14,7 @@ import pytest
 import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.testing import LLMServer, ScriptedLLM
+from conftest import warnings_are_errors
 
 
 @pytest.fixture(autouse=True)
@@ -101,10 +102,8 @@ def test_the_warning_never_becomes_the_callers_exception(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = openai.OpenAI(base_url=url, api_key="k", max_retries=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with at.trajectory("strict") as t:
-            at.trainable(lambda: ask(client))()
-            t.reward = 0.5
+    with warnings_are_errors(), at.trajectory("strict") as t:
+        at.trainable(lambda: ask(client))()
+        t.reward = 0.5
     assert t.ended_at is not None
     assert "arttrace.instrument() was not called" in caplog.text

@@ -29,6 +29,7 @@ import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.integrations import openai_agents
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
+from conftest import warnings_are_errors
 
 QUESTION = "What is the weather in Paris?"
 HANDOFF = Reply(tool_calls=[ToolCall("transfer_to_weather_agent", {})])
@@ -171,10 +172,8 @@ def test_the_default_responses_model_is_named_and_trains_where_vllm_returns_ids(
 
 def test_with_a_server_returning_token_generations_every_turn_trains(agents_sdk, server):
     server.responses.token_generations = True
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning: nothing is lost
-        with at.trajectory("q") as t:
-            run(server, responses_model)
+    with warnings_are_errors(), at.trajectory("q") as t:  # no warning: nothing is lost
+        run(server, responses_model)
     assert names(t) == NAMED and t.trainable_turns == 3
     for call, sent in zip(t.calls, server.responses.sent, strict=True):
         assert tokens(call) == sent_tokens(sent)
@@ -182,8 +181,7 @@ def test_with_a_server_returning_token_generations_every_turn_trains(agents_sdk,
 
 @pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
 def test_openai_chat_completions_model_trains_every_turn(agents_sdk, server, stream):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_are_errors():
         with at.trajectory("q") as t:
             answer = run(server, chat_model, stream=stream)
         t.reward = 1.0
@@ -227,8 +225,7 @@ def test_the_default_websocket_transport_warns_when_the_call_starts(agents_sdk, 
 
 
 def test_outside_a_run_nothing_is_named_or_warned(agents_sdk, server):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_are_errors():
         assert run(server, responses_model) == "It is sunny in Paris."
 
 

@@ -24,6 +24,7 @@ from arttrace.capture._calls import OpenCall, Settings
 from arttrace.capture._responses import ResponsesCall
 from arttrace.gateway import Gateway
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
+from conftest import warnings_are_errors
 
 WEATHER = {
     "type": "function",
@@ -678,8 +679,7 @@ def _run(mode: str, capture: bool) -> Any:
 
 @pytest.fixture(scope="module")
 def uninstrumented_outcomes() -> dict[str, Any]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings_are_errors():
         return {mode: _run(mode, capture=False) for mode in FAULT_MODES}
 
 
@@ -703,8 +703,7 @@ def test_a_fault_in_any_responses_step_is_invisible_to_the_caller(
         monkeypatch.setattr(owner, name, boom)
     monkeypatch.setattr(_guard, "_logged", set())
     for mode in FAULT_MODES:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # nothing of arttrace's may reach the caller
+        with warnings_are_errors():  # nothing of arttrace's may reach the caller
             assert _run(mode, capture=True) == uninstrumented_outcomes[mode], mode
         _warnings.reset()
     assert fired, f"the fault in {fault} never fired: the test proves nothing"
@@ -865,10 +864,8 @@ def test_langchain_on_the_responses_api_is_recorded_once_and_trains(instrumented
         for _ in llm.stream("Hi again"):
             pass
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with at.trajectory("q") as t:
-            agent()
+    with warnings_are_errors(), at.trajectory("q") as t:
+        agent()
     assert len(t.calls) == len(server.responses.requests) == 2
     assert [(c.source, c.framework) for c in t.calls] == [("openai", "langchain")] * 2
     assert t.trainable_turns == 2

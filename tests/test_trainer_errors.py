@@ -7,7 +7,6 @@ import json
 import math
 import re
 import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM
+from conftest import warnings_are_errors
 from test_trainer import Agent, RecordingBackend, dataset, make
 
 
@@ -232,7 +232,6 @@ async def test_metrics_that_are_not_numbers_are_left_out_and_the_step_is_shipped
     line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert line["train/probs_corr"] == 0.25 and "train/loss" not in line
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the same metrics again: already reported
+    with warnings_are_errors():  # the same metrics again: already reported
         await trainer.step()
     assert trainer.journal.shipped(1) and len(backend.calls) == 2
