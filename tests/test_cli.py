@@ -251,11 +251,9 @@ def python_named(clone: Path, name: str, real: str | None) -> Path:
     return path
 
 
-needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 REAL = os.path.realpath(sys._base_executable)  # the Python 3.12+ behind the venv
 
 
-@needs_make
 def test_make_without_python_3_12_says_so_in_one_line(clone):
     python_named(clone, "python3", None)  # an older python3 is passed over
     result = make(clone, "-n", ".tools/bin/uv")
@@ -266,7 +264,6 @@ def test_make_without_python_3_12_says_so_in_one_line(clone):
     assert not (clone / ".tools").exists()
 
 
-@needs_make
 @pytest.mark.parametrize("name", ["python3.12", "python3.13", "python3.14", "python3"])
 def test_make_finds_python_3_12_or_newer(clone, name):
     python = python_named(clone, name, REAL)
@@ -275,7 +272,6 @@ def test_make_finds_python_3_12_or_newer(clone, name):
     assert f"{python} -m venv .tools" in result.stdout, result.stdout
 
 
-@needs_make
 def test_make_refuses_a_given_python_older_than_3_12(clone):
     old = python_named(clone, "python3.11", None)
     result = make(clone, "-n", ".tools/bin/uv", f"PYTHON={old}")
@@ -284,7 +280,6 @@ def test_make_refuses_a_given_python_older_than_3_12(clone):
     assert len(output.strip().splitlines()) == 1, output
 
 
-@needs_make
 def test_make_finds_python_3_13_through_pyenv(clone):
     """pyenv's shims are not on PATH here; ``pyenv which`` knows only 3.13."""
     pyenv = clone.parent / "bin" / "pyenv"

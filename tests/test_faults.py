@@ -473,42 +473,26 @@ def test_warnings_as_errors_never_cost_the_caller_its_response(
 
 def test_the_shapes_are_valid_for_the_sdk_itself():
     """Guard against a vacuous test: every shape above is one the SDK returns without raising."""
-    for change in SHAPES.values():
-        body = _shape(change)
-        client = openai.OpenAI(
-            base_url=URL,
-            api_key="k",
-            http_client=httpx.Client(
-                transport=httpx.MockTransport(lambda r, body=body: httpx.Response(200, json=body))
-            ),
+
+    def client(answer: httpx.Response) -> openai.OpenAI:
+        transport = httpx.MockTransport(lambda r: answer)
+        return openai.OpenAI(
+            base_url=URL, api_key="k", http_client=httpx.Client(transport=transport)
         )
-        client.chat.completions.create(model="policy", messages=USER)
+
+    bodies = [_shape(change) for change in SHAPES.values()]
+    bodies += [_whole() | {"usage": usage} for usage in USAGES.values()]
+    for body in bodies:
+        client(httpx.Response(200, json=body)).chat.completions.create(
+            model="policy", messages=USER
+        )
     for stream_change in STREAM_SHAPES.values():
         chunks = copy.deepcopy(_chunks(_whole()))
         stream_change(chunks)
-        content = _sse(chunks)
-        client = openai.OpenAI(
-            base_url=URL,
-            api_key="k",
-            http_client=httpx.Client(
-                transport=httpx.MockTransport(
-                    lambda r, content=content: httpx.Response(
-                        200, headers={"content-type": "text/event-stream"}, content=content
-                    )
-                )
-            ),
+        sse = httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=_sse(chunks)
         )
-        list(client.chat.completions.create(model="policy", messages=USER, stream=True))
-    for usage in USAGES.values():
-        body = _whole() | {"usage": usage}
-        client = openai.OpenAI(
-            base_url=URL,
-            api_key="k",
-            http_client=httpx.Client(
-                transport=httpx.MockTransport(lambda r, b=body: httpx.Response(200, json=b))
-            ),
-        )
-        client.chat.completions.create(model="policy", messages=USER)
+        list(client(sse).chat.completions.create(model="policy", messages=USER, stream=True))
 
 
 def test_a_fault_while_recording_the_callers_exception_leaves_it_alone(
