@@ -30,8 +30,10 @@ from .capture._threads import carry
 from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
 from .capture._warnings import NothingToTrainWarning, RunOutlivedWarning, UntrainableTurnWarning
+from .executors import Executor, InProcessExecutor
 
 if TYPE_CHECKING:
+    from .executors import RayExecutor
     from .gateway import Gateway
     from .training import CPUBackend, Curriculum, DryRunBackend, StepResult, Trainer
 
@@ -45,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from . import training
 
         return _public(getattr(training, name))
+    if name == "RayExecutor":
+        from .executors import RayExecutor
+
+        return _public(RayExecutor)
     if name == "Gateway":
         from .gateway import Gateway
 
@@ -69,10 +75,13 @@ __all__ = [
     "ConfigurationError",
     "Curriculum",
     "DryRunBackend",
+    "Executor",
     "Gateway",
+    "InProcessExecutor",
     "JournalError",
     "LLMCall",
     "NothingToTrainWarning",
+    "RayExecutor",
     "ResumeError",
     "RunLockedError",
     "RunOutlivedWarning",

@@ -281,8 +281,9 @@ class Journal:
         self.lock = RunLock(output_dir)
         self.settings: dict[str, Any] | None = None
         """The run's settings (``_resume.run_settings``), saved with every state."""
-        self._file: tuple[int, int] | None = None
-        """(step, descriptor) of the rollouts file open for appending."""
+        self._files: dict[int, int] = {}
+        """Step -> descriptor of its rollouts file, open for appending (several steps' runs
+        finish at once in pipelined training)."""
 
     def step_dir(self, step: int) -> Path:
         return self.root / f"step-{step:05d}"
@@ -296,22 +297,24 @@ class Journal:
         """Append one finished rollout (``finished(step)`` made the folder) and return it as
         the journal holds it: the run to ship, unchanged by anything the live object sees
         later. The step's file stays open for the next one, until :meth:`close`."""
-        if self._file is None or self._file[0] != step:
-            self.close()
+        fd = self._files.get(step)
+        if fd is None:
             fd = _open(self.rollouts_path(step), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            self._file = step, fd
+            self._files[step] = fd
         line = _json_line({"slot": list(slot), "trajectory": trajectory.to_dict()})
-        _write_all(self._file[1], line)  # returns once the line is in the OS's hands
+        _write_all(fd, line)  # returns once the line is in the OS's hands
         return Trajectory.from_dict(_loads(line)["trajectory"])
 
-    def close(self) -> None:
-        if self._file is not None:
-            os.close(self._file[1])
-            self._file = None
+    def close(self, step: int | None = None) -> None:
+        """Close ``step``'s rollouts file (every step's, without one)."""
+        for s in list(self._files) if step is None else [step]:
+            fd = self._files.pop(s, None)
+            if fd is not None:
+                os.close(fd)
 
     def finished(self, step: int) -> dict[Slot, Trajectory]:
         """The rollouts of ``step`` already on disk (and its folder, made ready for more)."""
-        self.close()
+        self.close(step)
         for directory in (self.output_dir, self.root, self.step_dir(step)):
             private_dir(directory)
         path = self.rollouts_path(step)
@@ -331,7 +334,7 @@ class Journal:
 
     def sync(self, step: int) -> None:
         """Make the step's rollouts survive power loss (before they ship)."""
-        self.close()
+        self.close(step)
         path = self.rollouts_path(step)
         if path.exists():
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -99,6 +99,12 @@ class RolloutRunner[ExampleT]:
             pass  # kept on t.exception; the group records it
         return t
 
+    def close(self) -> None:
+        """Let the worker threads go once their rollouts end (a new call starts new ones)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
+            self._threads = None
+
     async def _call(self, example: ExampleT) -> Any:
         if self._async:
             return await self.rollout(example)

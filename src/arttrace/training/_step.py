@@ -44,12 +44,28 @@ class StepResult:
     group did not ship; see :class:`~arttrace.NothingToTrainWarning`)."""
 
 
+@dataclass
+class Collected:
+    """A step's rollouts, all finished and journaled (:func:`collect`), ready to ship."""
+
+    step: int
+    epoch: int
+    indices: list[int]
+    runs: dict[Slot, Trajectory]
+    seconds: float
+    """Time from the first rollout's start to the last one's end."""
+
+
 async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
     """Run step ``trainer.completed_steps`` and ship it; see the Trainer's docstring."""
+    return await finish(trainer, await collect(trainer, trainer.completed_steps))
+
+
+async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
+    """Run the rollouts of ``step`` that the journal does not hold yet, journaling each as it
+    finishes, and read back the ones it does."""
     config, schedule, journal = trainer.config, trainer.schedule, trainer.journal
-    step = trainer.completed_steps
     epoch, indices = schedule.batch(step)
-    schedule.start_epoch(epoch)
     started = time.perf_counter()
     finished = journal.finished(step)
     slots = {
@@ -64,7 +80,6 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
             lambda slot, example_id, example: trainer.run_one(
                 example_id, example, "train", step, slot[1]
             ),
-            max_concurrency=config.max_concurrency,
             bar=trainer.reporter.bar(
                 "train", step, len(slots) - len(finished), [t.reward for t in finished.values()]
             ),
@@ -72,15 +87,36 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
             on_done=lambda slot, t: journal.record(step, slot, t),  # what ships is on disk
         )
     finally:
-        journal.close()
-    rollout_seconds = time.perf_counter() - started
+        journal.close(step)
+    return Collected(step, epoch, indices, finished, time.perf_counter() - started)
 
+
+async def finish[ExampleT](
+    trainer: Trainer[ExampleT],
+    collected: Collected,
+    waits: Callable[[], dict[str, float]] | None = None,
+) -> StepResult:
+    """Group the step's runs, drop what teaches nothing, ship the rest, record the step.
+    ``waits``: the pipeline's, read once the step has trained, added to its metrics."""
+    config, schedule, journal = trainer.config, trainer.schedule, trainer.journal
+    step, epoch, indices, finished = (
+        collected.step,
+        collected.epoch,
+        collected.indices,
+        collected.runs,
+    )
+    assert step == trainer.completed_steps, "steps ship in order"
+    schedule.start_epoch(epoch)
+    staleness = off_policy(finished.values(), step)
+    stale = stale_runs(finished, step, trainer.max_steps_off_policy)
+    if stale:
+        _stale(step, stale, trainer.max_steps_off_policy, journal)
     with _gc_paused():
-        groups, failures = build_groups(trainer, indices, finished)
+        groups, failures = build_groups(trainer, indices, finished, set(stale))
     failed = sum(failures)
-    if failed > config.allowed_exceptions(len(slots)):
+    if failed > config.allowed_exceptions(len(finished)):
         raise TrainingError(
-            f"step {step}: {failed} of {len(slots)} rollouts raised (max_exceptions="
+            f"step {step}: {failed} of {len(finished)} rollouts raised (max_exceptions="
             f"{config.max_exceptions!r}); {most_common_cause(finished.values())}. Every "
             f"exception and its traceback is in {journal.rollouts_path(step)}"
         )
@@ -116,8 +152,11 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
         "trainable_tokens": sum(trainable_tokens(t) for g in shipped for t in g.trajectories),
         "trainable_tokens_group_min": min((tokens[pos] for pos in signal), default=math.nan),
         "groups_without_trainable_tokens": len(empty),
-        "rollout_seconds": rollout_seconds,
+        "rollout_seconds": collected.seconds,
         "train_seconds": train_seconds,
+        **staleness,
+        "runs_stale_dropped": len(stale),
+        **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
     }
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
@@ -174,19 +213,16 @@ async def run_rollouts[ExampleT](
     slots: dict[Slot, tuple[str, ExampleT]],
     run: Callable[[Slot, str, ExampleT], Awaitable[Trajectory]],
     *,
-    max_concurrency: int,
     bar: Progress,
     done: dict[Slot, Trajectory],
     on_done: Callable[[Slot, Trajectory], Trajectory] | None = None,
 ) -> None:
-    """Run the rollouts of ``slots`` concurrently, at most ``max_concurrency`` at a time,
-    filling ``done`` (with what ``on_done`` returns for each finished run, if given: the run
-    as journaled). Cancelled, it cancels the runs in flight before it re-raises."""
-    semaphore = asyncio.Semaphore(max_concurrency)  # bound to this event loop
+    """Run the rollouts of ``slots`` concurrently (the executor bounds how many are in
+    flight), filling ``done`` (with what ``on_done`` returns for each finished run, if
+    given: the run as journaled). Cancelled, it cancels the runs in flight, then re-raises."""
 
     async def one(slot: Slot, example_id: str, example: ExampleT) -> None:
-        async with semaphore:
-            t = await run(slot, example_id, example)
+        t = await run(slot, example_id, example)
         done[slot] = t if on_done is None else on_done(slot, t)
         bar.update(t.reward)
 
@@ -203,7 +239,10 @@ async def run_rollouts[ExampleT](
 
 
 def build_groups(
-    trainer: Trainer[Any], indices: list[int], done: dict[Slot, Trajectory]
+    trainer: Trainer[Any],
+    indices: list[int],
+    done: dict[Slot, Trajectory],
+    left_out: set[Slot] = frozenset(),  # type: ignore[assignment]
 ) -> tuple[list[art.TrajectoryGroup], list[int]]:
     """One group per example, and the number of its runs that raised. Runs are converted to
     ART here, once all have finished: an ART trajectory is ~600 small objects, and holding a
@@ -216,7 +255,7 @@ def build_groups(
         ok = [
             done[s].to_art()
             for s in slots
-            if done[s].exception is None and done[s].reward is not None
+            if done[s].exception is None and done[s].reward is not None and s not in left_out
         ]
         exceptions = [PydanticException(**error) for s in slots if (error := done[s].exception)]
         example_id = schedule.example_id(schedule.dataset[index], index, "train")
@@ -225,6 +264,43 @@ def build_groups(
         )
         failures.append(len(exceptions))
     return groups, failures
+
+
+def _synchronous_waits(rollout_seconds: float, train_seconds: float) -> dict[str, float]:
+    """A step run alone: the trainer waited for all of its rollouts, then they for it."""
+    return {"trainer_wait_seconds": rollout_seconds, "rollout_wait_seconds": train_seconds}
+
+
+def off_policy(runs: Iterable[Trajectory], step: int) -> dict[str, float]:
+    """How many steps behind ``step`` the policies the runs sampled from are (runs journaled
+    without a ``policy_step``, by an arttrace before it, are left out)."""
+    lags = [step - p for t in runs if isinstance(p := t.metadata.get("policy_step"), int)]
+    return {
+        "off_policy_steps_mean": math.fsum(lags) / len(lags) if lags else math.nan,
+        "off_policy_steps_max": max(lags, default=math.nan),
+    }
+
+
+def stale_runs(runs: dict[Slot, Trajectory], step: int, limit: int) -> list[Slot]:
+    """The runs that sampled from a policy more than ``limit`` steps behind ``step``."""
+    return [
+        slot
+        for slot, t in runs.items()
+        if isinstance(p := t.metadata.get("policy_step"), int) and step - p > limit
+    ]
+
+
+def _stale(step: int, stale: list[Slot], limit: int, journal: Journal) -> None:
+    """The one rule for runs older than ``max_steps_off_policy``: left out of their group
+    (kept in the journal), said once per step. The Trainer never starts such a run; it is
+    met when a run is resumed with a smaller ``max_steps_off_policy`` than it ran with."""
+    warn_every_time(
+        f"arttrace: step {step}: {len(stale)} runs sampled from a policy more than "
+        f"max_steps_off_policy={limit} steps old and are left out of their groups (they stay "
+        f"in {journal.rollouts_path(step)}); resume with the max_steps_off_policy the run "
+        "started with to train on them",
+        NothingToTrainWarning,
+    )
 
 
 def most_common_cause(runs: Iterable[Trajectory]) -> str:

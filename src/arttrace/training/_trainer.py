@@ -23,9 +23,11 @@ import art
 
 from .._errors import ConfigurationError
 from ..capture._trajectory import MetadataValue, Trajectory
+from ..executors import Executor, InProcessExecutor
 from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
 from ._journal import Journal, Slot
+from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
 from ._rollout import RewardFn, Rollout, RolloutRunner
@@ -72,7 +74,19 @@ class Trainer[ExampleT]:
         group_size: Runs per example; one group per example, never one across examples.
         groups_per_step: Examples (groups) per step. Each epoch is a fresh shuffle seeded by
             ``seed`` and the epoch number; the global ``random`` state is never touched.
-        max_concurrency: Runs in flight at a time.
+        max_concurrency: Runs in flight at a time (an executor may set its own limit).
+        executor: Where rollouts run: :class:`~arttrace.InProcessExecutor` (the default:
+            tasks of this process) or :class:`~arttrace.RayExecutor` (workers of a Ray
+            cluster). The rollout, ``reward_fn`` and every example are checked when the
+            Trainer is built: one that the executor cannot run is a ``ConfigurationError``.
+        max_steps_off_policy: How many steps :meth:`train` may run rollouts ahead of the
+            policy: with ``k >= 1`` the rollouts of the next ``k`` steps run while a step
+            trains (pipelined training), each run sampling from a policy at most ``k`` steps
+            behind the step that ships it. ``0`` (the default): synchronous steps. Every run
+            records the policy it sampled from as ``policy_step`` in its metadata (the
+            number of steps trained when it started; its calls sampled from that policy or
+            a newer one). A journaled run older than ``k`` steps when its step ships (resumed
+            with a smaller ``k`` than it ran with) is left out of its group, with a warning.
         learning_rate: Passed to ``backend.train``.
         min_reward_spread: Groups whose rewards spread (max - min) less than this, or not at
             all, are dropped: they teach nothing.
@@ -126,6 +140,8 @@ class Trainer[ExampleT]:
         group_size: int = 8,
         groups_per_step: int = 8,
         max_concurrency: int = 32,
+        executor: Executor | None = None,
+        max_steps_off_policy: int = 0,
         learning_rate: float = 5e-6,
         min_reward_spread: float = 0.0,
         curriculum: Curriculum | None = None,
@@ -157,7 +173,21 @@ class Trainer[ExampleT]:
             train_kwargs=train_kwargs,
         )
         check_train_kwargs(backend, train_kwargs, inspect.signature(Trainer).parameters)
+        if isinstance(max_steps_off_policy, bool) or not (
+            isinstance(max_steps_off_policy, int) and max_steps_off_policy >= 0
+        ):
+            raise ConfigurationError(
+                "max_steps_off_policy must be an int >= 0 (0: synchronous steps), got "
+                f"{max_steps_off_policy!r}"
+            )
+        if executor is not None and not isinstance(executor, Executor):
+            raise ConfigurationError(
+                f"executor must be an arttrace executor (arttrace.InProcessExecutor(), "
+                f"arttrace.RayExecutor(...)), got {type(executor).__name__}"
+            )
+        self.max_steps_off_policy = max_steps_off_policy
         self.model, self.backend = model, backend
+        self.executor: Executor = InProcessExecutor() if executor is None else executor
         self._runner = RolloutRunner(rollout, reward_fn, max_concurrency)
         self.schedule = Schedule(
             read_dataset(train_dataset, "train_dataset"),
@@ -174,6 +204,7 @@ class Trainer[ExampleT]:
         self.val_dataset: list[ExampleT] = (
             [] if val_dataset is None else read_dataset(val_dataset, "val_dataset")
         )
+        self._bind()
         self.output_dir = self.config.output_dir
         self.journal = Journal(self.output_dir)
         self.reporter = Reporter(
@@ -191,6 +222,11 @@ class Trainer[ExampleT]:
     @rollout.setter
     def rollout(self, rollout: Rollout[ExampleT]) -> None:
         self._runner = RolloutRunner(rollout, self._runner.reward_fn, self.config.max_concurrency)
+        self._bind()
+
+    def _bind(self) -> None:
+        examples = [*self.schedule.dataset, *self.val_dataset]
+        self.executor.bind(self._runner, examples, self.config.max_concurrency)
 
     # -- the schedule ----------------------------------------------------------------------
 
@@ -236,7 +272,6 @@ class Trainer[ExampleT]:
         await run_rollouts(
             slots,
             lambda slot, example_id, example: self.run_one(example_id, example, "val", step, 0),
-            max_concurrency=self.config.max_concurrency,
             bar=self.reporter.bar("val", step, len(slots), []),
             done=results,
         )
@@ -280,10 +315,17 @@ class Trainer[ExampleT]:
 
             if self.completed_steps == 0:
                 await maybe_validate()
-            while self.completed_steps < total:
-                results.append(dataclasses.replace(await self.step(), groups=[]))
-                if validate_every and self.completed_steps % validate_every == 0:
-                    await maybe_validate()
+            pipeline = Pipeline(self, total)
+            try:
+                while self.completed_steps < total:
+                    result = await pipeline.step()
+                    self.reporter.append("metrics.jsonl", result.metrics)
+                    await self.reporter.report(result.metrics, result.step, "train")
+                    results.append(dataclasses.replace(result, groups=[]))
+                    if validate_every and self.completed_steps % validate_every == 0:
+                        await maybe_validate()
+            finally:
+                await pipeline.aclose()
             await maybe_validate()
         await self.reporter.finish()
         return results
@@ -297,5 +339,14 @@ class Trainer[ExampleT]:
         self, example_id: str, example: ExampleT, split: str, step: int, rollout: int
     ) -> Trajectory:
         """One run of ``example`` in its own trajectory, with its reward."""
-        metadata: dict[str, MetadataValue] = {"split": split, "step": step, "rollout": rollout}
-        return await self._runner.run(example_id, example, metadata)
+        metadata: dict[str, MetadataValue] = {
+            "split": split,
+            "step": step,
+            "rollout": rollout,
+            "policy_step": self.completed_steps,
+        }
+        return await self.executor.run(example_id, example, metadata)
+
+    def close(self) -> None:
+        """Release the executor's workers (a Ray executor's actors); idempotent."""
+        self.executor.close()
