@@ -60,6 +60,7 @@ class CPUSettings:
     warm_up_learning_rate: float = 5e-3
     validation: int = 64
     config: dict[str, Any] | None = None
+    max_steps_off_policy: int = 0
 
 
 def house_style_reward(customer: str, reply: str) -> float:
@@ -199,6 +200,7 @@ async def run_greeter_demo(
         seed=seed,
         progress=progress,
         log_to_model=False,
+        max_steps_off_policy=s.max_steps_off_policy,
     )
     try:
         results = await trainer.train(num_steps=s.steps)

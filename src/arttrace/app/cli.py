@@ -140,6 +140,14 @@ def _add_demo(commands: _Subcommands) -> None:
     )
     demo.add_argument("--steps", type=int, help="GRPO steps (default: cpu 12, dry-run 2)")
     demo.add_argument(
+        "--max-steps-off-policy",
+        type=int,
+        default=0,
+        metavar="K",
+        help="pipelined training: run the next K steps' rollouts while a step trains, each "
+        "run sampling from a policy at most K steps old (default: 0, synchronous steps)",
+    )
+    demo.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -155,6 +163,8 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary on stdout)."""
     if min(v for v in (args.examples, args.rollouts, args.steps, 1) if v is not None) < 1:
         parser.error("--examples, --rollouts and --steps must be at least 1")
+    if args.max_steps_off_policy < 0:
+        parser.error("--max-steps-off-policy must be 0 (synchronous steps) or more")
     try:
         check_options(args.backend, args.base_url, args.model)
         check_out(args.out)
@@ -195,6 +205,7 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 args.base_url,
                 args.model,
                 progress=True,
+                max_steps_off_policy=args.max_steps_off_policy,
             )
         )
     except ValueError as error:

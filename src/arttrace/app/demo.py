@@ -96,6 +96,7 @@ async def run_demo(
     model: str | None = None,
     *,
     progress: bool = False,
+    max_steps_off_policy: int = 0,
 ) -> dict[str, Any]:
     """Run the demo and return the run's summary.
 
@@ -106,11 +107,18 @@ async def run_demo(
     Trainer's outputs (metrics, validation, plot, journal of every run); ``None`` sizes take
     the backend's defaults. A previous demo run in ``out`` is replaced. ``progress``: tell
     on stderr what the demo is doing (each step's line, a progress bar of its runs).
+    ``max_steps_off_policy``: the Trainer's (pipelined training from 1).
     """
     check_options(backend, base_url, model)
     if backend == "dry-run" and base_url is None:
         return await run_dry_run_demo(
-            out, examples or 4, rollouts or 4, steps or 2, seed, progress=progress
+            out,
+            examples or 4,
+            rollouts or 4,
+            steps or 2,
+            seed,
+            progress=progress,
+            max_steps_off_policy=max_steps_off_policy,
         )
     from ._greeter_demo import CPUSettings, run_greeter_demo
 
@@ -120,6 +128,7 @@ async def run_demo(
         examples=examples or defaults.examples,
         rollouts=rollouts or defaults.rollouts,
         steps=steps or defaults.steps,
+        max_steps_off_policy=max_steps_off_policy,
     )
     return await run_greeter_demo(
         out, seed, settings=settings, base_url=base_url, served_model=model, progress=progress
@@ -134,6 +143,7 @@ async def run_dry_run_demo(
     seed: int = 0,
     *,
     progress: bool = False,
+    max_steps_off_policy: int = 0,
 ) -> dict[str, Any]:
     """Train for ``steps`` GRPO steps on a dry-run backend; return the run's summary.
 
@@ -174,6 +184,7 @@ async def run_dry_run_demo(
             output_dir=out,
             seed=seed,
             progress=progress,
+            max_steps_off_policy=max_steps_off_policy,
         )
         results = await trainer.train(num_steps=steps)
         await client.close()
