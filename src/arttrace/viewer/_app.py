@@ -1,0 +1,403 @@
+"""The viewer's ASGI app: the pages (static files shipped in the package) and their JSON API.
+
+Read-only: GET (and HEAD) only, every other method is 405. A request whose ``Host`` is not
+this server's own name is refused (a web page reaching ``127.0.0.1`` through DNS rebinding
+would otherwise read the runs' prompts), and no answer carries CORS headers, so other sites'
+pages cannot read it either.
+
+The API (JSON; ``r`` is a folder's place in the command line, from 0)::
+
+    GET /api/runs                                 the folders: state, kind, version, problem
+    GET /api/runs/{r}/overview                    steps and validations as chart columns
+    GET /api/runs/{r}/steps/{step}                the step's row and its groups
+    GET /api/runs/{r}/steps/{step}/groups/{pos}   a group and its runs (reward, advantage)
+    GET /api/runs/{r}/trajectories?filters        runs found (paged: limit <= 200, offset)
+    GET /api/runs/{r}/trajectories/{id}           a run as ART trains on it
+    GET /api/runs/{r}/trajectories/{id}/items/{conversation}/{item}?offset&limit
+                                                  one message or turn whole, tokens paged
+    GET /api/runs/{r}/causes                      untrainable cause -> runs having it
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+
+from .._asgi_server import ServerThread
+from . import _present
+from ._runs import NotReady, Runs, RunSlot
+from ._store import RunStore
+
+_log = logging.getLogger("arttrace")
+_STATIC = Path(str(resources.files("arttrace.viewer") / "static"))
+MAX_PAGE = 200
+"""Runs per page of a search."""
+_ALLOW = {"allow": "GET, HEAD"}
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.status, self.message, self.fix = status, message, fix
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(data),
+        status,
+        media_type="application/json",
+        headers={"cache-control": "no-store", **(headers or {})},
+    )
+
+
+class Viewer:
+    """The web app over ``paths``; :meth:`start` serves it, :meth:`stop` ends it."""
+
+    def __init__(
+        self,
+        paths: list[Path],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        refresh_seconds: float | None = None,
+    ) -> None:
+        self.host, self.port = host, port
+        self.runs = Runs(paths) if refresh_seconds is None else Runs(paths, refresh_seconds)
+        self.allowed_hosts: set[str] = set()
+        routes = [
+            Route("/", self._index),
+            Route("/api/runs", self._list),
+            Route("/api/runs/{r:int}/overview", self._overview),
+            Route("/api/runs/{r:int}/steps/{step:int}", self._step),
+            Route("/api/runs/{r:int}/steps/{step:int}/groups/{position:int}", self._group),
+            Route("/api/runs/{r:int}/trajectories", self._find),
+            Route("/api/runs/{r:int}/trajectories/{id:int}", self._trajectory),
+            Route(
+                "/api/runs/{r:int}/trajectories/{id:int}/items/{conversation:int}/{item:int}",
+                self._item,
+            ),
+            Route("/api/runs/{r:int}/causes", self._causes),
+            Route("/api/{rest:path}", self._no_route),
+            Mount("/static", StaticFiles(directory=_STATIC), name="static"),
+        ]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
+        self.server: ServerThread | None = None
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Serve on ``host:port`` (port 0: a free one) in a thread of its own; the URL."""
+        self.server = ServerThread(self, self.host, self.port, name="arttrace view")
+        host, port = self.server.address
+        self.allowed_hosts = _allowed_hosts(self.host, port)
+        self.runs.start()
+        self.server.start()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None, "start() the viewer first"
+        host, port = self.server.address
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.runs.stop()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = self._refusal(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        if scope["method"] not in ("GET", "HEAD"):
+            return _json(
+                {"error": f"{scope['method']} is not allowed: the viewer is read-only (GET)"},
+                405,
+                _ALLOW,
+            )
+        host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+        if self.allowed_hosts and host.lower() not in self.allowed_hosts:
+            return _json(
+                {
+                    "error": f"this viewer answers to {sorted(self.allowed_hosts)[0]}, not to "
+                    f"Host {host!r}",
+                    "fix": "open the URL `arttrace view` printed",
+                },
+                421,
+            )
+        return None
+
+    # -- pages -----------------------------------------------------------------------------
+
+    async def _index(self, request: Request) -> Response:
+        return FileResponse(_STATIC / "index.html", headers={"cache-control": "no-cache"})
+
+    async def _no_route(self, request: Request) -> Response:
+        return _json({"error": f"no API route {request.url.path}"}, 404)
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            return _json({"error": "the viewer is read-only (GET)"}, 405, _ALLOW)
+        return _json({"error": f"{exc.detail}: {request.url.path}"}, exc.status_code)
+
+    # -- the API ---------------------------------------------------------------------------
+
+    async def _list(self, request: Request) -> Response:
+        now = time.monotonic()
+        return _json(
+            {
+                "runs": [
+                    {
+                        "index": s.index,
+                        "path": str(s.path),
+                        "label": s.label,
+                        "kind": s.kind,
+                        "state": s.state,
+                        "version": s.version,
+                        "problem": None
+                        if s.problem is None
+                        else {"message": s.problem.message, "fix": s.problem.fix},
+                        "opening_seconds": round(now - s.opening_since, 1)
+                        if s.state == "opening"
+                        else None,
+                    }
+                    for s in self.runs.slots
+                ]
+            }
+        )
+
+    async def _overview(self, request: Request) -> Response:
+        return await self._answer(
+            request, lambda store: _present.overview(store.steps(), store.validations())
+        )
+
+    async def _step(self, request: Request) -> Response:
+        step = int(request.path_params["step"])
+
+        def query(store: RunStore) -> dict[str, Any]:
+            row = next((s for s in store.steps() if s.step == step), None)
+            groups = store.groups(step)
+            return {
+                "step": None if row is None else _present.row(row),
+                "groups": [_present.row(g) for g in groups[:1000]],
+                "groups_total": len(groups),
+            }
+
+        return await self._answer(request, query)
+
+    async def _group(self, request: Request) -> Response:
+        step, position = int(request.path_params["step"]), int(request.path_params["position"])
+
+        def query(store: RunStore) -> dict[str, Any]:
+            group = next((g for g in store.groups(step) if g.position == position), None)
+            if group is None:
+                raise ApiError(404, f"step {step} has no group at position {position}")
+            runs = _group_runs(store, group)
+            example = _present.example(store.trajectory(runs[0]["id"])) if runs else []
+            return {"group": _present.row(group), "runs": runs, "example": example}
+
+        return await self._answer(request, query)
+
+    async def _find(self, request: Request) -> Response:
+        filters, limit, offset = _filters(request)
+
+        def query(store: RunStore) -> dict[str, Any]:
+            rows = store.trajectories(**filters, limit=limit, offset=offset)
+            return {
+                "total": store.count(**filters),
+                "offset": offset,
+                "limit": limit,
+                "rows": [_present.row(r) for r in rows],
+            }
+
+        return await self._answer(request, query)
+
+    async def _trajectory(self, request: Request) -> Response:
+        row_id = int(request.path_params["id"])
+
+        def query(store: RunStore) -> dict[str, Any]:
+            trajectory = _load(store, row_id)
+            view = _present.run_view(trajectory)
+            view["id"] = row_id
+            view["row"], view["group"] = _placed(store, row_id, trajectory)
+            return view
+
+        return await self._answer(request, query)
+
+    async def _item(self, request: Request) -> Response:
+        p = request.path_params
+        offset = _int(request, "offset", 0, minimum=0)
+        limit = _int(request, "limit", 10_000, minimum=1, maximum=100_000)
+
+        def query(store: RunStore) -> dict[str, Any]:
+            found = _present.item_view(
+                _load(store, int(p["id"])), int(p["conversation"]), int(p["item"]), offset, limit
+            )
+            if found is None:
+                raise ApiError(404, "this run has no such message")
+            return found
+
+        return await self._answer(request, query)
+
+    async def _causes(self, request: Request) -> Response:
+        return await self._answer(request, lambda store: {"causes": store.causes()})
+
+    async def _answer(self, request: Request, query: Callable[[RunStore], Any]) -> Response:
+        """``query`` on the folder's store, or a JSON error that says what to do: never a
+        traceback."""
+        slot = self._slot(request)
+        try:
+            return _json(await slot.read(query))
+        except NotReady:
+            return _json(_not_ready(slot), 503)
+        except ApiError as error:
+            return _json({"error": error.message, "fix": error.fix}, error.status)
+        except Exception as error:
+            from ._runs import problem_of
+
+            problem = problem_of(slot.path, error)
+            if problem.fix.startswith("This looks like a bug"):
+                _log.exception("arttrace view: %s failed", request.url.path)
+            return _json({"error": problem.message, "fix": problem.fix}, 500)
+
+    def _slot(self, request: Request) -> RunSlot:
+        slot = self.runs.get(int(request.path_params["r"]))
+        if slot is None:
+            raise HTTPException(404, "no such run folder")
+        return slot
+
+
+def _not_ready(slot: RunSlot) -> dict[str, Any]:
+    if slot.problem is not None:
+        return {"state": slot.state, "error": slot.problem.message, "fix": slot.problem.fix}
+    return {
+        "state": slot.state,
+        "error": f"indexing {slot.path} (the first time takes a while on a big run)",
+        "fix": "",
+    }
+
+
+def _load(store: RunStore, row_id: int) -> Any:
+    try:
+        return store.trajectory(row_id)
+    except (KeyError, IndexError, LookupError):
+        raise ApiError(404, f"no run {row_id} in this folder") from None
+
+
+def _group_runs(store: RunStore, group: Any) -> list[dict[str, Any]]:
+    """The group's runs (rollout order), each with its advantage."""
+    rows = [
+        r
+        for r in store.trajectories(
+            step=group.step, example_id=group.example_id, limit=min(group.runs + 100, 1000)
+        )
+        if r.position == group.position
+    ]
+    rows.sort(key=lambda r: (r.rollout is None, r.rollout))
+    advantages = list(group.advantages)
+    out = []
+    for k, r in enumerate(rows):
+        data = _present.row(r)
+        data["advantage"] = advantages[k] if len(advantages) == len(rows) else None
+        out.append(data)
+    return out
+
+
+def _placed(
+    store: RunStore, row_id: int, trajectory: Any
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The run's row, and its group's (with the run's advantage), when the run has a step."""
+    step = trajectory.metadata.get("step")
+    if not isinstance(step, int):
+        return None, None
+    rows = store.trajectories(step=step, example_id=trajectory.example_id, limit=1000)
+    found = next((r for r in rows if r.id == row_id), None)
+    if found is None:
+        return None, None
+    group = next((g for g in store.groups(step) if g.position == found.position), None)
+    if group is None:
+        return _present.row(found), None
+    data = _present.row(group)
+    runs = _group_runs(store, group)
+    data["advantage"] = next((r["advantage"] for r in runs if r["id"] == row_id), None)
+    return _present.row(found), data
+
+
+def _int(
+    request: Request, name: str, default: int, *, minimum: int = 0, maximum: int | None = None
+) -> int:
+    text = request.query_params.get(name)
+    if text in (None, ""):
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be a whole number, got {text!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise HTTPException(400, f"{name} must be from {minimum} to {maximum}, got {value}")
+    return value
+
+
+def _float(request: Request, name: str) -> float | None:
+    text = request.query_params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be a number, got {text!r}") from None
+
+
+def _filters(request: Request) -> tuple[dict[str, Any], int, int]:
+    """The search's filters (the store's names), page size and offset."""
+    q = request.query_params
+    filters: dict[str, Any] = {
+        "step": None if q.get("step") in (None, "") else _int(request, "step", 0),
+        "split": q.get("split") or None,
+        "example_id": q.get("example_id") or None,
+        "min_reward": _float(request, "min_reward"),
+        "max_reward": _float(request, "max_reward"),
+        "cause": q.get("cause") or None,
+        "text": q.get("text") or None,
+    }
+    if filters["split"] not in (None, "train", "val"):
+        raise HTTPException(400, f"split is train or val, got {filters['split']!r}")
+    order = q.get("order") or "step"
+    limit = _int(request, "limit", 50, minimum=1, maximum=MAX_PAGE)
+    offset = _int(request, "offset", 0, minimum=0)
+    return {k: v for k, v in filters.items() if v is not None} | {"order": order}, limit, offset
+
+
+def _allowed_hosts(host: str, port: int) -> set[str]:
+    """The ``Host`` values this server answers to: its address, and the loopback names when
+    it listens on one (``set()``, any, when it listens on every address: its name is then
+    whatever the network calls this machine)."""
+    if host in ("0.0.0.0", "::", ""):
+        return set()
+    names = {host.lower(), f"[{host.lower()}]"}
+    if host in _LOOPBACK or host.startswith("127."):
+        names |= _LOOPBACK
+    return {f"{n}:{port}" for n in names} | names
+

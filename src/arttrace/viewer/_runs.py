@@ -1,0 +1,244 @@
+"""The run folders a viewer shows: each opened through the run store on a thread of its own,
+refreshed on a timer, and told apart when it cannot be read.
+
+Every call to a folder's store runs on that folder's one thread: a sqlite connection belongs
+to the thread that uses it, and a refresh (indexing the lines appended since the last one)
+never runs at the same time as a page's query. The refresh timer runs off the request path:
+a page never waits for the journal to be indexed, only for a refresh already under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .._errors import ConfigurationError, JournalError
+from ._store import RunStore, open_store
+
+_log = logging.getLogger("arttrace")
+
+REFRESH_SECONDS = 0.5
+"""How often each folder's store indexes what its journal gained (at most)."""
+RETRY_SECONDS = 2.0
+"""How often a folder that could not be read is tried again (it may become a run)."""
+
+State = Literal["opening", "ready", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a folder cannot be shown: what was wrong, and what to do about it."""
+
+    message: str
+    fix: str
+
+
+class NotReady(Exception):
+    """A query to a folder that is being indexed for the first time, or cannot be read."""
+
+    def __init__(self, slot: RunSlot) -> None:
+        super().__init__(slot.path)
+        self.slot = slot
+
+
+def problem_of(path: Path, error: BaseException) -> Problem:
+    """The page's words for a folder that failed to open or refresh."""
+    if isinstance(error, JournalError):
+        return Problem(
+            str(error),
+            "arttrace writes each journal line whole, so a damaged line other than the last "
+            "comes from an edit or a disk fault: restore the file from a copy (or move it out "
+            "of the folder). This page reads the folder again every few seconds.",
+        )
+    if isinstance(error, PermissionError):
+        return Problem(
+            f"cannot read {error.filename or path}: permission denied",
+            "arttrace writes run folders readable by their owner only (folders 0700, files "
+            "0600): run `arttrace view` as the user who ran the training (or give yourself "
+            "read access to the folder).",
+        )
+    if isinstance(error, FileNotFoundError) or (
+        isinstance(error, OSError) and error.errno == errno.ENOENT
+    ):
+        return Problem(
+            f"{path} does not exist",
+            "Check the path. If a run is about to start there, leave this page open: it shows "
+            "the run as soon as its folder holds one.",
+        )
+    if isinstance(error, ConfigurationError):
+        return Problem(
+            str(error),
+            "Give `arttrace view` a Trainer's output_dir, an `arttrace gateway --out` folder, a "
+            "trajectory saved with `t.save(path)`, or a folder of saved trajectories. This page "
+            "reads the folder again every few seconds.",
+        )
+    return Problem(
+        f"{path}: {type(error).__name__}: {error}",
+        "This looks like a bug in arttrace's viewer: the server's log has the details; please "
+        "report it with them.",
+    )
+
+
+class RunSlot:
+    """One folder given to ``arttrace view``: its store once open, or why it is not."""
+
+    def __init__(self, index: int, path: Path, label: str) -> None:
+        self.index, self.path, self.label = index, path, label
+        self.state: State = "opening"
+        self.problem: Problem | None = None
+        self.kind: str | None = None
+        self.version = 0
+        """Grows each time what the folder holds changes (its pages then fetch again)."""
+        self.opening_since = time.monotonic()
+        self._store: RunStore | None = None
+        self._stamp: tuple[object, ...] = ()
+        self._retry_at = 0.0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"arttrace view {index}")
+        self._pending: Future[None] | None = None
+        self._closed = False
+
+    # -- the timer's side --------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Open or refresh the store on the folder's thread, unless that is already under
+        way (a first index of a big run can take a while; ticks do not pile up behind it)."""
+        if self._closed or (self._pending is not None and not self._pending.done()):
+            return
+        self._pending = self._thread.submit(self._tick)
+
+    def _tick(self) -> None:
+        try:
+            if self._store is None:
+                if time.monotonic() < self._retry_at:
+                    return
+                self._store = open_store(self.path)
+                self.kind = self._store.kind
+                self._stamp = self._files_stamp()
+                self._changed("ready")
+                return
+            new = self._store.refresh()
+            stamp = self._files_stamp()
+            if new or stamp != self._stamp:
+                self._stamp = stamp
+                self.version += 1
+        except Exception as error:  # the page says what is wrong; the viewer goes on
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        problem = problem_of(self.path, error)
+        if problem.fix.startswith("This looks like a bug"):
+            _log.exception("arttrace view: reading %s failed", self.path)
+        if self._store is not None:
+            try:
+                self._store.close()
+            except Exception:
+                _log.warning("arttrace view: closing the store of %s failed", self.path)
+            self._store = None
+        self._retry_at = time.monotonic() + RETRY_SECONDS
+        if problem != self.problem or self.state != "failed":
+            self.problem = problem
+            self._changed("failed")
+
+    def _changed(self, state: State) -> None:
+        if state != "failed":
+            self.problem = None
+        self.state = state
+        self.version += 1
+
+    def _files_stamp(self) -> tuple[object, ...]:
+        """What changes when a step's metrics, a validation or a step's shipping is written
+        (the journal's lines are the store's to count)."""
+        stamp: list[object] = []
+        for name in ("metrics.jsonl", "validation.jsonl", "journal"):
+            try:
+                status = os.stat(self.path / name)
+            except OSError:
+                stamp.append(None)
+                continue
+            stamp.append((status.st_size, status.st_mtime_ns))
+        journal = self.path / "journal"
+        if journal.is_dir():
+            try:
+                last = max((e.name for e in os.scandir(journal) if e.is_dir()), default=None)
+            except OSError:
+                last = None
+            if last is not None:
+                status = os.stat(journal / last)
+                stamp.append((last, status.st_mtime_ns))
+        return tuple(stamp)
+
+    # -- the pages' side ---------------------------------------------------------------------
+
+    async def read[T](self, query: Callable[[RunStore], T]) -> T:
+        """``query(store)`` on the folder's thread; :class:`NotReady` while there is no store."""
+        if self._store is None or self._closed:
+            raise NotReady(self)
+
+        def run() -> T:
+            store = self._store
+            if store is None:
+                raise NotReady(self)
+            return query(store)
+
+        return await asyncio.wrap_future(self._thread.submit(run))
+
+    def close(self) -> None:
+        self._closed = True
+
+        def close_store() -> None:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+        self._thread.submit(close_store)
+        self._thread.shutdown(wait=True, cancel_futures=False)
+
+
+class Runs:
+    """The folders, and the timer that keeps them current."""
+
+    def __init__(self, paths: list[Path], refresh_seconds: float = REFRESH_SECONDS) -> None:
+        self.slots = [RunSlot(i, p, label) for i, (p, label) in enumerate(_labelled(paths))]
+        self.refresh_seconds = refresh_seconds
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._loop, name="arttrace view: refresh", daemon=True)
+
+    def start(self) -> None:
+        for slot in self.slots:
+            slot.tick()
+        self._timer.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_seconds):
+            for slot in self.slots:
+                slot.tick()
+
+    def get(self, index: int) -> RunSlot | None:
+        return self.slots[index] if 0 <= index < len(self.slots) else None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._timer.is_alive():
+            self._timer.join(timeout=5)
+        for slot in self.slots:
+            slot.close()
+
+
+def _labelled(paths: list[Path]) -> list[tuple[Path, str]]:
+    """Each folder with a short name: its own, or with as many parents as tell it apart."""
+    resolved = [p.expanduser().absolute() for p in paths]
+    depth = 1
+    while True:
+        labels = ["/".join(p.parts[-depth:]) or str(p) for p in resolved]
+        if len(set(labels)) == len(labels) or depth > max(len(p.parts) for p in resolved):
+            return list(zip(resolved, labels, strict=True))
+        depth += 1
