@@ -1,0 +1,199 @@
+"""The store's typed rows: what a run folder holds, one frozen record per step, validation,
+group and trajectory (the full run is read from its file on demand: ``RunStore.trajectory``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["trainer", "gateway", "saved"]
+
+
+def _number(metrics: dict[str, Any], key: str) -> float | None:
+    """``metrics[key]`` as a float; ``None`` when absent, not a number, NaN or infinite (the
+    Trainer writes NaN for a figure it has no data for, e.g. a mean over no reward)."""
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _count(metrics: dict[str, Any], key: str) -> int:
+    value = _number(metrics, key)
+    return 0 if value is None else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One line of ``metrics.jsonl``: what a training step did."""
+
+    step: int
+    epoch: int
+    reward_mean: float | None
+    reward_std: float | None
+    groups_total: int
+    groups_kept: int
+    """Groups shipped to the backend."""
+    groups_dropped: int
+    """Groups without learning signal (flat, or spread below ``min_reward_spread``)."""
+    trainable_tokens: int
+    """Sampled tokens ART trained on in the shipped groups."""
+    loss: float | None
+    """``train/loss``, when the backend reports one."""
+    rollout_seconds: float | None
+    train_seconds: float | None
+    policy_lag: float | None
+    """``off_policy_steps_mean``: how many steps behind the step its runs' policies were."""
+    metrics: dict[str, float]
+    """The whole line (ART's and the backend's metrics included)."""
+
+    @property
+    def off_policy_steps_mean(self) -> float | None:
+        return self.policy_lag
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, Any]) -> StepRow:
+        return cls(
+            step=_count(metrics, "step"),
+            epoch=_count(metrics, "epoch"),
+            reward_mean=_number(metrics, "reward_mean"),
+            reward_std=_number(metrics, "reward_std"),
+            groups_total=_count(metrics, "groups_total"),
+            groups_kept=_count(metrics, "groups_kept"),
+            groups_dropped=_count(metrics, "groups_dropped"),
+            trainable_tokens=_count(metrics, "trainable_tokens"),
+            loss=_number(metrics, "train/loss"),
+            rollout_seconds=_number(metrics, "rollout_seconds"),
+            train_seconds=_number(metrics, "train_seconds"),
+            policy_lag=_number(metrics, "off_policy_steps_mean"),
+            metrics=metrics,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationRow:
+    """One line of ``validation.jsonl``. The validation runs themselves are not journaled by
+    the Trainer (only these statistics are), so no :class:`TrajectoryRow` has ``split="val"``
+    in a Trainer's folder."""
+
+    step: int
+    reward_mean: float | None
+    reward_std: float | None
+    examples: int
+    exceptions: int
+    metrics: dict[str, float]
+
+    @classmethod
+    def from_metrics(cls, metrics: dict[str, Any]) -> ValidationRow:
+        return cls(
+            step=_count(metrics, "step"),
+            reward_mean=_number(metrics, "reward_mean"),
+            reward_std=_number(metrics, "reward_std"),
+            examples=_count(metrics, "examples"),
+            exceptions=_count(metrics, "exceptions"),
+            metrics=metrics,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """One example's runs in one step, as the Trainer grouped them, and what became of them.
+
+    ``rewards`` are the runs' rewards in rollout order, as journaled (``None``: no reward).
+    ``reward_mean``, ``spread`` and ``advantages`` are over the runs the Trainer groups: those
+    that did not raise and have a reward (``advantages`` holds ``None`` for the others); each
+    advantage is ART's with its default ``scale_rewards``: ``(reward - mean) / (std + 1e-6)``,
+    0 when the rewards do not vary. ``why_not`` (``None`` when ``shipped``) is one of:
+
+    - ``"failed runs: ..."``: fewer than two runs were scored (the others raised or have no
+      reward), so the group has no spread to learn from;
+    - ``"flat: every run got the same reward"``: no learning signal (GRPO's advantages are 0);
+    - ``"flat: reward spread S is below min_reward_spread"``: the step dropped the group
+      although its rewards vary (``Trainer(min_reward_spread=...)``);
+    - ``"no trainable token: <cause>"``: learning signal, but no policy turn ART can train on;
+      the cause is the most common among its runs (``TrajectoryRow.causes``);
+    - ``"excluded by the curriculum"``: the curriculum kept easier (or harder) groups this step;
+    - ``"the step did not ship (...)"``: nothing above applies, but the step has not been
+      trained (yet): its rollouts are running, ``backend.train`` failed or is under way, or
+      the folder is a gateway's journal, which no Trainer has trained from.
+    """
+
+    step: int
+    position: int
+    """The example's place in the step's batch."""
+    example_id: str
+    runs: int
+    rewards: tuple[float | None, ...]
+    reward_mean: float | None
+    spread: float
+    advantages: tuple[float | None, ...]
+    trainable_tokens: int
+    """Sampled tokens ART trains on in the group's scored runs (the Trainer's own count from
+    ``shipped.json`` once the step has shipped)."""
+    exceptions: int
+    shipped: bool
+    why_not: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRow:
+    """One journaled run, as indexed: its figures, and where its line is (``file``, ``offset``,
+    ``length``), for :meth:`RunStore.trajectory` to read it whole."""
+
+    id: int
+    """Stable: a journal line's id comes from its step and line number, so a rebuilt index
+    gives every run the same id (a saved file's id is its place among the folder's files)."""
+    step: int | None
+    """The journal folder's step (``None`` for a saved trajectory)."""
+    position: int | None
+    rollout: int | None
+    split: str | None
+    """``"train"`` for the Trainer's runs; ``None`` when the run's metadata does not say."""
+    example_id: str
+    reward: float | None
+    exception_type: str | None
+    exception_message: str | None
+    policy_step: int | None
+    """The policy the run sampled from (the Trainer's steps completed when it started)."""
+    calls: int
+    trainable_turns: int
+    completion_tokens: int
+    trainable_tokens: int
+    """Sampled tokens in trainable turns: what ART trains on in this run."""
+    causes: tuple[str, ...]
+    """Why turns (or the whole run) cannot be trained on: the capture's untrainable reasons
+    of its policy turns, or the nothing-to-train cause of a run without any."""
+    sources: tuple[str, ...]
+    """The layers that recorded its calls (``openai``, ``http``, ``gateway``) and the
+    frameworks that made them (``langchain``, ...)."""
+    started_at: float | None
+    ended_at: float | None
+    file: Path
+    offset: int
+    length: int
+    set_aside: bool = False
+    """Its line is in ``rollouts-nothing-to-train.jsonl``: a step whose groups held no
+    trainable token, whose runs the Trainer set aside to run it again on resume."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run folder in one line (``arttrace runs``): its size, reward, shipping and causes."""
+
+    path: Path
+    kind: Kind
+    steps: int
+    """Steps recorded in ``metrics.jsonl`` (a gateway's journal: step folders with runs)."""
+    runs: int
+    reward_first: float | None
+    """Mean reward of the first step (a saved folder: of all its runs)."""
+    reward_last: float | None
+    groups_shipped: int | None
+    """``None`` where nothing ships (a gateway's journal, saved runs)."""
+    groups_dropped: int | None
+    trainable_tokens: int
+    """Shipped by the Trainer (from ``metrics.jsonl``); elsewhere, in all indexed runs."""
+    exceptions: int
+    causes: dict[str, int]

@@ -1,0 +1,454 @@
+"""``open_run(path)``: a run folder's steps, validations, groups and runs as typed rows, from
+an index that grows with the journal (``_index``), for the viewer, the exports and
+``arttrace runs``."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from .._errors import ConfigurationError, JournalError
+from ..capture._trajectory import Trajectory
+from ..training._journal import _loads, read_json
+from . import _scan
+from ._index import SEPARATOR, Index
+from ._rows import GroupRow, Kind, RunSummary, StepRow, TrajectoryRow, ValidationRow
+
+ORDERS = {
+    "step": "runs.step, position, rollout, runs.id",
+    "-step": "runs.step DESC, position, rollout, runs.id",
+    "reward": "reward IS NULL, reward, runs.id",
+    "-reward": "reward IS NULL, reward DESC, runs.id",
+    "id": "runs.id",
+    "-id": "runs.id DESC",
+}
+"""The orders :meth:`RunStore.trajectories` takes (``-``: descending; no reward last)."""
+_COLUMNS = (
+    "runs.id, runs.step, position, rollout, split, example_id, reward, exception_type, "
+    "exception_message, policy_step, calls, trainable_turns, completion_tokens, "
+    "trainable_tokens, causes, sources, started_at, ended_at, files.path, runs.start, length, "
+    "runs.set_aside"
+)
+_FROM = "runs JOIN files ON files.id = runs.file_id"
+
+
+def open_run(path: str | os.PathLike[str]) -> RunStore:
+    """The run at ``path``, indexed up to what its files hold now.
+
+    ``path``: a Trainer's ``output_dir``, an ``arttrace gateway --out`` folder, a saved
+    trajectory (``Trajectory.save``) or a folder of them. Raises :class:`ConfigurationError`
+    for a path that is none of these, and the journal's :class:`JournalError` (naming the file
+    and line) for a damaged line, once everything else is indexed."""
+    store = RunStore(path)
+    try:
+        store.refresh()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+class RunStore:
+    """A run folder, read through its index. Safe to share between threads (one lock); each
+    process has its own, and any number may index and read one folder at once.
+
+    Use :func:`open_run`, which indexes what is there; call :meth:`refresh` to index what
+    was appended since (cheap when nothing was)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).absolute()
+        self.kind: Kind = _scan.detect(self.path)
+        self._single = self.path.is_file()
+        self.root = self.path.parent if self._single else self.path
+        """The folder the journal's paths are relative to."""
+        self.problems: list[str] = []
+        """Saved files left out at the last refresh, and why (not JSON, not a trajectory)."""
+        self._lock = threading.RLock()
+        self._index = Index(self.root, self.path.name if self._single else None)
+
+    @property
+    def index_path(self) -> Path | None:
+        """The index file (in the run folder, or in the user's cache when the folder is not
+        writable; ``None`` for a single saved trajectory, indexed in memory)."""
+        return self._index.location
+
+    @property
+    def text_search(self) -> str:
+        """``"fts5"`` (SQLite full-text search) or ``"like"`` (a build without FTS5)."""
+        return self._index.mode
+
+    # -- indexing --------------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """Index the lines appended since the last refresh; returns how many new runs."""
+        with self._lock:
+            if not self.path.exists():
+                raise ConfigurationError(f"{self.path} no longer exists")
+            if not self._single:
+                self.kind = _scan.detect(self.path)  # a Trainer resuming a gateway's journal
+            new, self.problems = self._index.refresh(self.kind)
+            if self.kind == "saved" and self.problems and not self._count_all():
+                raise ConfigurationError(
+                    f"{self.path} holds no saved trajectory: " + "; ".join(self.problems[:3])
+                )
+            return new
+
+    def close(self) -> None:
+        with self._lock:
+            self._index.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _query(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._index.db.execute(sql, params).fetchall()
+
+    def _count_all(self) -> int:
+        return int(self._query("SELECT count(*) FROM runs")[0][0])
+
+    # -- steps and validations ---------------------------------------------------------------
+
+    def _records(self, kind: str) -> list[dict[str, Any]]:
+        rows = self._query("SELECT record FROM lines WHERE file = ? ORDER BY line", (kind,))
+        return [_loads(record) for (record,) in rows]
+
+    def steps(self) -> list[StepRow]:
+        """One row per line of ``metrics.jsonl``, by step (a step recorded twice: its last)."""
+        by_step = {int(m.get("step", -1)): m for m in self._records("metrics")}
+        return [StepRow.from_metrics(by_step[s]) for s in sorted(by_step)]
+
+    def validations(self) -> list[ValidationRow]:
+        """One row per line of ``validation.jsonl``, in order."""
+        return [ValidationRow.from_metrics(m) for m in self._records("validation")]
+
+    # -- trajectories ----------------------------------------------------------------------
+
+    def trajectories(
+        self,
+        *,
+        step: int | None = None,
+        split: str | None = None,
+        example_id: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        cause: str | None = None,
+        text: str | None = None,
+        order: str = "step",
+        limit: int | None = 100,
+        offset: int = 0,
+    ) -> list[TrajectoryRow]:
+        """The indexed runs that pass every filter given (``text``: each word in the run's
+        messages, see :meth:`count`), in ``order`` (see :data:`ORDERS`), ``limit`` from
+        ``offset`` (``limit=None``: all)."""
+        if order not in ORDERS:
+            raise ConfigurationError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
+        sql = f"SELECT {_COLUMNS} FROM {_FROM}{where} ORDER BY {ORDERS[order]} LIMIT ? OFFSET ?"
+        rows = self._query(sql, [*params, -1 if limit is None else limit, offset])
+        return [self._row(row) for row in rows]
+
+    def count(
+        self,
+        *,
+        step: int | None = None,
+        split: str | None = None,
+        example_id: str | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        cause: str | None = None,
+        text: str | None = None,
+    ) -> int:
+        """How many runs pass the filters. ``text``: every word of it appears in the run's
+        messages (user, assistant and tool contents, tool call names and arguments; not the
+        system prompt); with FTS5, whole words (``word*`` for a prefix), case- and
+        accent-insensitive; without, substrings."""
+        where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
+        return int(self._query(f"SELECT count(*) FROM runs{where}", params)[0][0])
+
+    def _where(
+        self,
+        step: int | None,
+        split: str | None,
+        example_id: str | None,
+        min_reward: float | None,
+        max_reward: float | None,
+        cause: str | None,
+        text: str | None,
+    ) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for clause, value in (
+            ("runs.step = ?", step),
+            ("split = ?", split),
+            ("example_id = ?", example_id),
+            ("reward >= ?", min_reward),
+            ("reward <= ?", max_reward),
+            ("runs.id IN (SELECT run_id FROM causes WHERE cause = ?)", cause),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params.append(value)
+        words = (text or "").split()
+        if words and self._index.mode == "fts5":
+            clauses.append("runs.id IN (SELECT rowid FROM texts WHERE texts MATCH ?)")
+            params.append(" ".join(_fts_word(w) for w in words))
+        elif words:
+            for word in words:
+                clauses.append("runs.id IN (SELECT rowid FROM texts WHERE body LIKE ? ESCAPE '\\')")
+                params.append("%" + _like_escaped(word) + "%")
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def _row(self, row: tuple[Any, ...]) -> TrajectoryRow:
+        (*head, causes, sources, started, ended, path, start, length, set_aside) = row
+        return TrajectoryRow(
+            *head,
+            causes=tuple(causes.split(SEPARATOR)) if causes else (),
+            sources=tuple(sources.split(SEPARATOR)) if sources else (),
+            started_at=started,
+            ended_at=ended,
+            file=self.root / path,
+            offset=start,
+            length=length,
+            set_aside=bool(set_aside),
+        )
+
+    def row(self, row_id: int) -> TrajectoryRow:
+        """The indexed row ``row_id``; ``KeyError`` if the index has none."""
+        rows = self._query(f"SELECT {_COLUMNS} FROM {_FROM} WHERE runs.id = ?", (row_id,))
+        if not rows:
+            raise KeyError(f"no run {row_id} in the index of {self.path}")
+        return self._row(rows[0])
+
+    def trajectory_dict(self, row_id: int) -> dict[str, Any]:
+        """Run ``row_id`` as its file holds it (``Trajectory.to_dict``'s form), read from its
+        line alone."""
+        row = self.row(row_id)
+        try:
+            with open(row.file, "rb") as file:
+                file.seek(row.offset)
+                data = file.read(row.length)
+            record = _loads(data)
+            trajectory = record if self.kind == "saved" else record["trajectory"]
+            if not isinstance(trajectory, dict):
+                raise TypeError("not an object")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise JournalError(
+                f"{row.file} changed since it was indexed (run {row_id} at byte {row.offset} "
+                f"no longer reads: {error!r}); open the run again to index it anew"
+            ) from None
+        return trajectory
+
+    def trajectory(self, row_id: int) -> Trajectory:
+        """Run ``row_id`` whole (its calls, tokens and logprobs), read from its line alone."""
+        return Trajectory.from_dict(self.trajectory_dict(row_id))
+
+    def causes(self) -> dict[str, int]:
+        """Each untrainable cause and how many runs have it, most common first."""
+        rows = self._query(
+            "SELECT cause, count(*) AS n FROM causes GROUP BY cause ORDER BY n DESC, cause"
+        )
+        return {cause: n for cause, n in rows}
+
+    # -- groups ----------------------------------------------------------------------------
+
+    def groups(self, step: int) -> list[GroupRow]:
+        """The step's groups, one per example position, and what became of each (see
+        :class:`GroupRow` for the reasons a group did not ship)."""
+        rows = self._query(
+            "SELECT set_aside, position, rollout, example_id, reward, exception_type, "
+            "trainable_tokens, causes FROM runs WHERE step = ? ORDER BY set_aside, position, "
+            "rollout",
+            (step,),
+        )
+        if rows and not rows[0][0]:
+            rows = [r for r in rows if not r[0]]  # set-aside runs only when the step has no other
+        by_position: dict[int, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_position.setdefault(row[1], []).append(row)
+        ship = _Shipping(self, step, set_aside=bool(rows and rows[0][0]))
+        groups = [ship.group(step, position, runs) for position, runs in by_position.items()]
+        return ship.decide(groups)
+
+    # -- the run in one line -----------------------------------------------------------------
+
+    def summary(self) -> RunSummary:
+        """What ``arttrace runs`` shows of the run: size, reward first and last, groups
+        shipped and dropped, trainable tokens, exceptions, untrainable causes."""
+        (runs, tokens, exceptions), *_ = self._query(
+            "SELECT count(*), coalesce(sum(trainable_tokens), 0), count(exception_type) FROM runs"
+        )
+        steps = self.steps()
+        first = last = shipped = dropped = None
+        if self.kind == "trainer":
+            first, last = (steps[0].reward_mean, steps[-1].reward_mean) if steps else (None, None)
+            shipped = sum(s.groups_kept for s in steps)
+            dropped = sum(s.groups_total - s.groups_kept for s in steps)
+            tokens = sum(s.trainable_tokens for s in steps)
+            count = len(steps)
+        elif self.kind == "gateway":
+            means = self._query(
+                "SELECT step, avg(reward) FROM runs WHERE NOT set_aside GROUP BY step ORDER BY step"
+            )
+            count = len(means)
+            first, last = (means[0][1], means[-1][1]) if means else (None, None)
+        else:
+            ((first,),) = self._query("SELECT avg(reward) FROM runs")
+            last, count = first, 0
+        return RunSummary(
+            self.path, self.kind, count, runs, first, last, shipped, dropped, tokens,
+            exceptions, self.causes(),
+        )  # fmt: skip
+
+
+class _Shipping:
+    """What the journal says of a step's shipping: ``shipped.json`` (the Trainer's per-group
+    trainable tokens, its metrics), ``shipping.json``, the curriculum's direction."""
+
+    def __init__(self, store: RunStore, step: int, *, set_aside: bool) -> None:
+        self.kind, self.set_aside = store.kind, set_aside
+        folder = store.root / "journal" / f"step-{step:05d}"
+        shipped = read_json(folder / "shipped.json") if self.kind == "trainer" else None
+        self.shipped = shipped if isinstance(shipped, dict) else None
+        shipping = read_json(folder / "shipping.json") if self.kind == "trainer" else None
+        self.shipping = shipping if isinstance(shipping, dict) else None
+        summary = self.shipped or {}
+        tokens = summary.get("trainable_tokens")
+        self.tokens: dict[str, int] = tokens if isinstance(tokens, dict) else {}
+        metrics = summary.get("metrics")
+        self.metrics: dict[str, Any] = metrics if isinstance(metrics, dict) else {}
+        state = read_json(store.root / "state.json") if self.kind == "trainer" else None
+        curriculum = state.get("curriculum") if isinstance(state, dict) else None
+        self.hard_first = bool(isinstance(curriculum, dict) and curriculum.get("hard_first"))
+
+    def group(self, step: int, position: int, runs: list[tuple[Any, ...]]) -> GroupRow:
+        """The group's figures, and the reason it did not ship that its own runs tell."""
+        rewards = tuple(r[4] for r in runs)
+        scored = [r[4] for r in runs if r[5] is None and r[4] is not None]  # the Trainer's ok
+        mean = math.fsum(scored) / len(scored) if scored else None
+        spread = max(scored) - min(scored) if len(scored) > 1 else 0.0
+        advantages = _advantages(scored)
+        ordered = iter(advantages)
+        example_id = str(runs[0][3])
+        tokens = self.tokens.get(example_id)
+        if tokens is None:
+            tokens = sum(r[6] for r in runs if r[5] is None and r[4] is not None)
+        exceptions = sum(r[5] is not None for r in runs)
+        why: str | None = None
+        if len(scored) < 2 and len(scored) < len(runs):
+            why = f"failed runs: {exceptions} of {len(runs)} raised"
+            unscored = sum(r[5] is None and r[4] is None for r in runs)
+            why += f", {unscored} have no reward" if unscored else ""
+            why += "; fewer than two runs were scored, so the group has no spread"
+        elif spread == 0:
+            why = "flat: every run got the same reward"
+        elif self.shipped is not None and example_id not in self.tokens:
+            why = f"flat: reward spread {spread:.4g} is below min_reward_spread"
+        elif tokens == 0:
+            why = "no trainable token: " + _most_common([c for r in runs for c in _split(r[7])])
+        return GroupRow(
+            step=step,
+            position=position,
+            example_id=example_id,
+            runs=len(runs),
+            rewards=rewards,
+            reward_mean=mean,
+            spread=spread,
+            advantages=tuple(
+                next(ordered) if r[5] is None and r[4] is not None else None for r in runs
+            ),
+            trainable_tokens=tokens,
+            exceptions=exceptions,
+            shipped=False,
+            why_not=why,
+        )
+
+    def decide(self, groups: list[GroupRow]) -> list[GroupRow]:
+        """Ship the groups left, as the Trainer did: the curriculum keeps ``groups_kept`` of
+        them ranked by mean reward (a stable sort, easiest first unless ``hard_first``)."""
+        candidates = [g for g in groups if g.why_not is None]
+        if self.shipped is None:
+            why = self._unshipped()
+            return [g if g.why_not else _replace(g, False, why) for g in groups]
+        kept_count = self.metrics.get("groups_kept", len(candidates))
+        ranked = sorted(candidates, key=lambda g: g.reward_mean or 0.0, reverse=not self.hard_first)
+        kept = {g.position for g in ranked[: int(kept_count)]}
+        return [
+            g
+            if g.why_not
+            else _replace(g, True, None)
+            if g.position in kept
+            else _replace(g, False, "excluded by the curriculum")
+            for g in groups
+        ]
+
+    def _unshipped(self) -> str:
+        if self.kind == "gateway":
+            return (
+                "the step did not ship (a gateway's journal: a Trainer resuming from this "
+                "folder trains it)"
+            )
+        if self.set_aside:
+            return (
+                "the step did not ship (no group with learning signal held a trainable token; "
+                "its runs were set aside in rollouts-nothing-to-train.jsonl)"
+            )
+        if self.shipping is not None and self.shipping.get("failed"):
+            return f"the step did not ship (backend.train failed: {self.shipping['failed']})"
+        if self.shipping is not None:
+            return "the step did not ship (backend.train began and has not finished)"
+        return (
+            "the step did not ship (not trained yet: its rollouts are running, or the run stopped)"
+        )
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    """ART's advantages (``tokenize_trajectory_groups``, ``scale_rewards=True``)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    if len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:]):
+        return [0.0] * len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+def _replace(group: GroupRow, shipped: bool, why: str | None) -> GroupRow:
+    from dataclasses import replace
+
+    return replace(group, shipped=shipped, why_not=why)
+
+
+def _split(causes: str) -> list[str]:
+    return causes.split(SEPARATOR) if causes else []
+
+
+def _most_common(causes: list[str]) -> str:
+    if not causes:
+        return "no cause recorded"
+    (cause, count), total = Counter(causes).most_common(1)[0], len(causes)
+    return cause if count == total else f"{cause} ({count} of {total} causes)"
+
+
+def _fts_word(word: str) -> str:
+    """A word as an FTS5 string (any punctuation kept literal); ``word*`` stays a prefix."""
+    prefix = word.endswith("*") and len(word) > 1
+    body = word[:-1] if prefix else word
+    return '"' + body.replace('"', '""') + '"' + ("*" if prefix else "")
+
+
+def _like_escaped(word: str) -> str:
+    return word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
