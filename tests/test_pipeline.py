@@ -156,11 +156,12 @@ async def test_step_alone_stays_synchronous(tmp_path, server):
 # -- 2: faster when rollouts and training take about as long ------------------------------------
 
 
-async def test_pipelined_training_is_faster_when_rollouts_take_as_long_as_training(
-    tmp_path, server
-):
+async def test_the_wait_metrics_say_who_waited_for_whom(tmp_path, server):
+    """Synchronous steps: the rollouts wait for every step's training; pipelined, for the
+    last step's, with no step left to roll out. (That they overlap otherwise is the first
+    test's; the speed-up is measured by bench/bench_scale.py, not timed here: under load,
+    sleeps give only lower bounds.)"""
     seconds, url = 0.25, model_url(server)
-    walls: dict[int, float] = {}
     lines: dict[int, list[dict[str, Any]]] = {}
     for k in (0, 1):
         trainer = make(
@@ -170,20 +171,12 @@ async def test_pipelined_training_is_faster_when_rollouts_take_as_long_as_traini
             train_dataset=dataset(6),
             max_steps_off_policy=k,
         )
-        started = time.perf_counter()
         await trainer.train(num_steps=4)
-        walls[k] = time.perf_counter() - started
         lines[k] = metrics(tmp_path / str(k) / "out")
-    # 4 x (R + T) against R + 4 x T: 2.0 s against 1.25 s, plus the same overheads
-    assert walls[1] < 0.8 * walls[0], walls
     assert lines[0][0]["trainer_wait_seconds"] >= seconds  # the first step waits in both
     assert lines[1][0]["trainer_wait_seconds"] >= seconds
     for m in lines[0]:  # synchronous: no rollout runs while a step trains
         assert m["rollout_wait_seconds"] >= 0.9 * seconds
-    for m in lines[1][1:]:  # pipelined: the trainer waits less than a rollout takes...
-        assert m["trainer_wait_seconds"] < seconds, lines[1]
-    for m in lines[1][1:-1]:  # ...nor do the rollouts, but after the last step's
-        assert m["rollout_wait_seconds"] < seconds / 2, lines[1]
     assert lines[1][-1]["rollout_wait_seconds"] >= 0.9 * seconds  # no step left to roll out
 
 

@@ -90,8 +90,12 @@ def _handler(routes: dict[str, Route]) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            if len(raw) < length:  # the client went away mid-body: nobody to answer
+                self.close_connection = True
+                return
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(raw or b"{}")
             except ValueError:
                 self._json(400, {"error": {"message": "the request body is not JSON"}})
                 return

@@ -9,7 +9,7 @@ import gc
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -107,12 +107,12 @@ async def finish[ExampleT](
     )
     assert step == trainer.completed_steps, "steps ship in order"
     schedule.start_epoch(epoch)
-    staleness = off_policy(finished.values(), step)
     stale = stale_runs(finished, step, trainer.max_steps_off_policy)
     if stale:
-        _stale(step, stale, trainer.max_steps_off_policy, journal)
+        _stale(step, stale, finished, trainer.max_steps_off_policy, journal)
+    staleness = off_policy((t for slot, t in finished.items() if slot not in stale), step)
     with _gc_paused():
-        groups, failures = build_groups(trainer, indices, finished, set(stale))
+        groups, failures = build_groups(trainer, indices, finished, stale)
     failed = sum(failures)
     if failed > config.allowed_exceptions(len(finished)):
         raise TrainingError(
@@ -242,7 +242,7 @@ def build_groups(
     trainer: Trainer[Any],
     indices: list[int],
     done: dict[Slot, Trajectory],
-    left_out: set[Slot] = frozenset(),  # type: ignore[assignment]
+    left_out: Collection[Slot] = (),
 ) -> tuple[list[art.TrajectoryGroup], list[int]]:
     """One group per example, and the number of its runs that raised. Runs are converted to
     ART here, once all have finished: an ART trajectory is ~600 small objects, and holding a
@@ -281,24 +281,29 @@ def off_policy(runs: Iterable[Trajectory], step: int) -> dict[str, float]:
     }
 
 
-def stale_runs(runs: dict[Slot, Trajectory], step: int, limit: int) -> list[Slot]:
+def stale_runs(runs: dict[Slot, Trajectory], step: int, limit: int) -> set[Slot]:
     """The runs that sampled from a policy more than ``limit`` steps behind ``step``."""
-    return [
+    return {
         slot
         for slot, t in runs.items()
         if isinstance(p := t.metadata.get("policy_step"), int) and step - p > limit
-    ]
+    }
 
 
-def _stale(step: int, stale: list[Slot], limit: int, journal: Journal) -> None:
+def _stale(
+    step: int, stale: set[Slot], runs: dict[Slot, Trajectory], limit: int, journal: Journal
+) -> None:
     """The one rule for runs older than ``max_steps_off_policy``: left out of their group
     (kept in the journal), said once per step. The Trainer never starts such a run; it is
     met when a run is resumed with a smaller ``max_steps_off_policy`` than it ran with."""
+    oldest = max(
+        step - p for slot in stale if isinstance(p := runs[slot].metadata["policy_step"], int)
+    )
     warn_every_time(
         f"arttrace: step {step}: {len(stale)} runs sampled from a policy more than "
-        f"max_steps_off_policy={limit} steps old and are left out of their groups (they stay "
-        f"in {journal.rollouts_path(step)}); resume with the max_steps_off_policy the run "
-        "started with to train on them",
+        f"max_steps_off_policy={limit} steps old are left out of their groups, and the step "
+        f"ships without them (they stay in {journal.rollouts_path(step)}). To train on runs "
+        f"that old, resume with max_steps_off_policy={oldest} or more before a step ships",
         NothingToTrainWarning,
     )
 
