@@ -599,7 +599,7 @@ def test_command_refuses_a_folder_without_runs(
     with pytest.raises(SystemExit) as exited:
         command(str(tmp_path), "--format", "sft", "--out", str(tmp_path / "d.jsonl"))
     assert exited.value.code == 2
-    assert f"{tmp_path} holds no runs: give a Trainer's output_dir" in capsys.readouterr().err
+    assert f"{tmp_path} is not a run folder: " in capsys.readouterr().err
     assert not (tmp_path / "d.jsonl").exists()
 
 

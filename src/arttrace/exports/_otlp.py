@@ -7,8 +7,8 @@ Each run becomes a trace: a root span ``trajectory <example_id>`` (its start and
 LLM call with the call's own start and end times and the ``gen_ai.*`` attributes arttrace's
 live spans carry (the same functions build them, in ``arttrace.capture._calls``); a failed
 call has an error status. The journal keeps no ``@trainable`` or framework spans, so the calls
-hang off the root directly. Trace and span ids are derived from the run (its folder, step, slot
-and start), so exporting a run again sends the same ids.
+hang off the root directly. Trace and span ids are derived from the run (its folder, its line
+and its start), so exporting a run again sends the same ids.
 
 Spans are sent in batches of ``batch_size`` by the OTLP/HTTP exporter (its retries and timeout,
 ``OTEL_EXPORTER_OTLP_TIMEOUT``), one at a time: a batch the endpoint refuses stops the export
@@ -212,8 +212,8 @@ class _Replay:
         calls = trajectory.calls
         begin = trajectory.started_at or min((c.started_at for c in calls), default=time.time())
         end = trajectory.ended_at or max((c.ended_at or c.started_at for c in calls), default=begin)
-        key = f"{run.run_dir.resolve()}|{run.file.name}|{run.step}|{run.position}|{run.rollout}"
-        self.ids.random.seed(hashlib.sha256(f"{key}|{run.example_id}|{begin}".encode()).digest())
+        seed = f"{run.run_dir.resolve()}|{run.key}|{run.example_id}|{begin}"
+        self.ids.random.seed(hashlib.sha256(seed.encode()).digest())
         attributes: dict[str, Any] = {
             "arttrace.example_id": trajectory.example_id,
             "arttrace.reward": trajectory.reward,

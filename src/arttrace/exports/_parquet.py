@@ -1,7 +1,8 @@
 """A Parquet table, one row per run, for analysis (pandas, polars, DuckDB, Hugging Face
 ``datasets.Dataset.from_parquet``).
 
-Plain columns: ``run_dir``, ``step``, ``position``, ``rollout``, ``split``, ``example_id``,
+Plain columns: ``run_dir``, ``step``, ``position``, ``rollout``, ``split``, ``set_aside`` (in
+the Trainer's ``rollouts-nothing-to-train.jsonl``), ``example_id``,
 ``reward``, ``policy_step``, ``exception_type`` / ``_message`` / ``_traceback`` (redacted),
 ``started_at`` / ``ended_at`` (Unix seconds), ``calls``, ``trainable_turns``,
 ``trainable_tokens``, and as JSON text: ``messages`` and ``tools`` (the main history, as ART's
@@ -68,6 +69,7 @@ def _schema() -> Any:
             ("position", pa.int64()),
             ("rollout", pa.int64()),
             ("split", pa.string()),
+            ("set_aside", pa.bool_()),
             ("example_id", pa.string()),
             ("reward", pa.float64()),
             ("policy_step", pa.int64()),
@@ -119,6 +121,7 @@ class _RowGroup:
             "position": run.position,
             "rollout": run.rollout,
             "split": run.split,
+            "set_aside": run.set_aside,
             "example_id": run.example_id,
             "reward": trajectory.reward,
             "policy_step": run.policy_step,
