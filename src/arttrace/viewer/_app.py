@@ -37,15 +37,18 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .._asgi_server import ServerThread
+from ..capture._trajectory import Trajectory
 from . import _present
 from ._runs import NotReady, Runs, RunSlot
-from ._store import RunStore
+from ._store import GroupRow, RunStore
 
 _log = logging.getLogger("arttrace")
 _STATIC = Path(str(resources.files("arttrace.viewer") / "static"))
 MAX_PAGE = 200
 """Runs per page of a search."""
 _ALLOW = {"allow": "GET, HEAD"}
+_ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
+"""The store's orders (``arttrace.store.ORDERS``; ``-``: descending)."""
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
@@ -102,8 +105,7 @@ class Viewer:
     def start(self) -> str:
         """Serve on ``host:port`` (port 0: a free one) in a thread of its own; the URL."""
         self.server = ServerThread(self, self.host, self.port, name="arttrace view")
-        host, port = self.server.address
-        self.allowed_hosts = _allowed_hosts(self.host, port)
+        self.allowed_hosts = _allowed_hosts(self.host, self.server.address[1])
         self.runs.start()
         self.server.start()
         return self.url
@@ -221,10 +223,10 @@ class Viewer:
         return await self._answer(request, query)
 
     async def _find(self, request: Request) -> Response:
-        filters, limit, offset = _filters(request)
+        filters, order, limit, offset = _filters(request)
 
         def query(store: RunStore) -> dict[str, Any]:
-            rows = store.trajectories(**filters, limit=limit, offset=offset)
+            rows = store.trajectories(**filters, order=order, limit=limit, offset=offset)
             return {
                 "total": store.count(**filters),
                 "offset": offset,
@@ -238,10 +240,9 @@ class Viewer:
         row_id = int(request.path_params["id"])
 
         def query(store: RunStore) -> dict[str, Any]:
-            trajectory = _load(store, row_id)
-            view = _present.run_view(trajectory)
+            view = _present.run_view(_load(store, row_id))
             view["id"] = row_id
-            view["row"], view["group"] = _placed(store, row_id, trajectory)
+            view["row"], view["group"] = _placed(store, row_id)
             return view
 
         return await self._answer(request, query)
@@ -299,23 +300,26 @@ def _not_ready(slot: RunSlot) -> dict[str, Any]:
     }
 
 
-def _load(store: RunStore, row_id: int) -> Any:
+def _load(store: RunStore, row_id: int) -> Trajectory:
     try:
         return store.trajectory(row_id)
     except (KeyError, IndexError, LookupError):
         raise ApiError(404, f"no run {row_id} in this folder") from None
 
 
-def _group_runs(store: RunStore, group: Any) -> list[dict[str, Any]]:
-    """The group's runs (rollout order), each with its advantage."""
+def _group_runs(store: RunStore, group: GroupRow) -> list[dict[str, Any]]:
+    """The group's runs in rollout order, each with its advantage (the group's, in the same
+    order)."""
     rows = [
         r
         for r in store.trajectories(
-            step=group.step, example_id=group.example_id, limit=min(group.runs + 100, 1000)
+            step=group.step, example_id=group.example_id, limit=min(4 * group.runs + 100, 5000)
         )
         if r.position == group.position
     ]
-    rows.sort(key=lambda r: (r.rollout is None, r.rollout))
+    if any(not r.set_aside for r in rows):  # runs set aside count only in a step of no other
+        rows = [r for r in rows if not r.set_aside]
+    rows.sort(key=lambda r: (r.rollout is None, r.rollout, r.id))
     advantages = list(group.advantages)
     out = []
     for k, r in enumerate(rows):
@@ -325,23 +329,18 @@ def _group_runs(store: RunStore, group: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _placed(
-    store: RunStore, row_id: int, trajectory: Any
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def _placed(store: RunStore, row_id: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The run's row, and its group's (with the run's advantage), when the run has a step."""
-    step = trajectory.metadata.get("step")
-    if not isinstance(step, int):
-        return None, None
-    rows = store.trajectories(step=step, example_id=trajectory.example_id, limit=1000)
-    found = next((r for r in rows if r.id == row_id), None)
-    if found is None:
-        return None, None
-    group = next((g for g in store.groups(step) if g.position == found.position), None)
+    found = store.row(row_id)
+    if found.step is None or found.position is None:
+        return _present.row(found), None
+    group = next((g for g in store.groups(found.step) if g.position == found.position), None)
     if group is None:
         return _present.row(found), None
     data = _present.row(group)
-    runs = _group_runs(store, group)
-    data["advantage"] = next((r["advantage"] for r in runs if r["id"] == row_id), None)
+    data["advantage"] = next(
+        (r["advantage"] for r in _group_runs(store, group) if r["id"] == row_id), None
+    )
     return _present.row(found), data
 
 
@@ -370,8 +369,8 @@ def _float(request: Request, name: str) -> float | None:
         raise HTTPException(400, f"{name} must be a number, got {text!r}") from None
 
 
-def _filters(request: Request) -> tuple[dict[str, Any], int, int]:
-    """The search's filters (the store's names), page size and offset."""
+def _filters(request: Request) -> tuple[dict[str, Any], str, int, int]:
+    """The search's filters (the store's names), order, page size and offset."""
     q = request.query_params
     filters: dict[str, Any] = {
         "step": None if q.get("step") in (None, "") else _int(request, "step", 0),
@@ -385,9 +384,11 @@ def _filters(request: Request) -> tuple[dict[str, Any], int, int]:
     if filters["split"] not in (None, "train", "val"):
         raise HTTPException(400, f"split is train or val, got {filters['split']!r}")
     order = q.get("order") or "step"
+    if order not in _ORDERS:
+        raise HTTPException(400, f"order is one of {', '.join(_ORDERS)}, got {order!r}")
     limit = _int(request, "limit", 50, minimum=1, maximum=MAX_PAGE)
     offset = _int(request, "offset", 0, minimum=0)
-    return {k: v for k, v in filters.items() if v is not None} | {"order": order}, limit, offset
+    return {k: v for k, v in filters.items() if v is not None}, order, limit, offset
 
 
 def _allowed_hosts(host: str, port: int) -> set[str]:
@@ -400,4 +401,3 @@ def _allowed_hosts(host: str, port: int) -> set[str]:
     if host in _LOOPBACK or host.startswith("127."):
         names |= _LOOPBACK
     return {f"{n}:{port}" for n in names} | names
-

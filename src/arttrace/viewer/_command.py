@@ -65,9 +65,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         from ._app import Viewer
     except ModuleNotFoundError as error:
-        parser.error(
-            f"{error}: `arttrace view` needs the view extra: pip install 'arttrace[view]'"
-        )
+        parser.error(f"{error}: `arttrace view` needs the view extra: pip install 'arttrace[view]'")
     if not _is_loopback(args.host):
         print(
             f"arttrace view: warning: listening on {args.host}, not this machine's loopback: "

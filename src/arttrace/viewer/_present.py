@@ -21,6 +21,7 @@ from ..capture._conversations import Conversation, Turn
 from ..capture._records import LLMCall
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import fix_for
+from ._store import StepRow, ValidationRow
 
 MAX_TEXT = 20_000
 """Characters of one message's text (or a tool call's arguments) sent with the run."""
@@ -72,7 +73,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def overview(steps: Sequence[Any], validations: Sequence[Any]) -> dict[str, Any]:
+def overview(steps: Sequence[StepRow], validations: Sequence[ValidationRow]) -> dict[str, Any]:
     """The run's steps and validations as columns (one list per figure, a step per index),
     and every numeric metric of ``metrics.jsonl`` by name, for the charts."""
     shown = steps[:MAX_STEPS]
@@ -113,9 +114,7 @@ def _number(value: Any) -> float | int | None:
 def run_view(trajectory: Trajectory) -> dict[str, Any]:
     """The run as ART will train on it, with what the journal says about it."""
     conversations = trajectory.conversations()
-    in_a_turn = {
-        id(item.call) for c in conversations for item in c.items if isinstance(item, Turn)
-    }
+    in_a_turn = {id(item.call) for c in conversations for item in c.items if isinstance(item, Turn)}
     calls = trajectory.calls
     return {
         "example_id": trajectory.example_id,
@@ -127,9 +126,7 @@ def run_view(trajectory: Trajectory) -> dict[str, Any]:
         "ended_at": trajectory.ended_at,
         "calls": len(calls),
         "trainable_turns": sum(c.trainable_turns for c in conversations),
-        "conversations": [
-            _conversation(c, k) for k, c in enumerate(conversations)
-        ],
+        "conversations": [_conversation(c, k) for k, c in enumerate(conversations)],
         "calls_without_turn": [_call(c) for c in calls if id(c) not in in_a_turn][:100],
     }
 

@@ -55,9 +55,9 @@ def problem_of(path: Path, error: BaseException) -> Problem:
     if isinstance(error, JournalError):
         return Problem(
             str(error),
-            "arttrace writes each journal line whole, so a damaged line other than the last "
-            "comes from an edit or a disk fault: restore the file from a copy (or move it out "
-            "of the folder). This page reads the folder again every few seconds.",
+            "Repair that line, restore the file from a copy, or move the file out of the "
+            "folder. This page reads the folder again every few seconds, and shows the run "
+            "once the file reads.",
         )
     if isinstance(error, PermissionError):
         return Problem(
@@ -74,12 +74,11 @@ def problem_of(path: Path, error: BaseException) -> Problem:
             "Check the path. If a run is about to start there, leave this page open: it shows "
             "the run as soon as its folder holds one.",
         )
-    if isinstance(error, ConfigurationError):
+    if isinstance(error, ConfigurationError):  # the store's message says what a run is
         return Problem(
             str(error),
-            "Give `arttrace view` a Trainer's output_dir, an `arttrace gateway --out` folder, a "
-            "trajectory saved with `t.save(path)`, or a folder of saved trajectories. This page "
-            "reads the folder again every few seconds.",
+            "Give `arttrace view` a run folder. This page reads the folder again every few "
+            "seconds, and shows the run once the folder holds one.",
         )
     return Problem(
         f"{path}: {type(error).__name__}: {error}",
@@ -210,7 +209,9 @@ class Runs:
         self.slots = [RunSlot(i, p, label) for i, (p, label) in enumerate(_labelled(paths))]
         self.refresh_seconds = refresh_seconds
         self._stop = threading.Event()
-        self._timer = threading.Thread(target=self._loop, name="arttrace view: refresh", daemon=True)
+        self._timer = threading.Thread(
+            target=self._loop, name="arttrace view: refresh", daemon=True
+        )
 
     def start(self) -> None:
         for slot in self.slots:

@@ -1,34 +1,14 @@
-"""The viewer's one door to the run store (``arttrace.store``): the rows and queries it uses."""
+"""The viewer's one door to the run store (``arttrace.store``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    from ..capture._trajectory import Trajectory
+from ..store import GroupRow, RunStore, StepRow, TrajectoryRow, ValidationRow, open_run
 
-
-class RunStore(Protocol):
-    """What the viewer asks of ``arttrace.store.RunStore``."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def path(self) -> Path: ...
-    def refresh(self) -> int: ...
-    def steps(self) -> list[Any]: ...
-    def validations(self) -> list[Any]: ...
-    def groups(self, step: int) -> list[Any]: ...
-    def trajectories(self, **filters: Any) -> list[Any]: ...
-    def count(self, **filters: Any) -> int: ...
-    def causes(self) -> dict[str, int]: ...
-    def trajectory(self, row_id: int) -> Trajectory: ...
-    def close(self) -> None: ...
+__all__ = ["GroupRow", "RunStore", "StepRow", "TrajectoryRow", "ValidationRow", "open_store"]
 
 
 def open_store(path: Path) -> RunStore:
-    from ..store import open_run
-
-    store: RunStore = open_run(path)
-    return store
+    """The folder's store, indexed up to what its files hold now (the first time: all of it)."""
+    return open_run(path)

@@ -36,7 +36,7 @@ export async function renderFind(box, route, app) {
       h("label", {}, "to", input("max_reward", { type: "number", step: "any", class: "short" })),
       h("label", {}, "untrainable cause", causeSelect),
       h("label", { class: "wide" }, "text", input("text", { type: "search", placeholder: "words in the messages" })),
-      h("label", {}, "order", h("select", { name: "order", "aria-label": "order" }, [["step", "step"], ["reward", "reward, high first"], ["reward_asc", "reward, low first"]].map(([v, t]) => h("option", { value: v, text: t, selected: v === (p.order || "step") })))),
+      h("label", {}, "order", h("select", { name: "order", "aria-label": "order" }, [["step", "step"], ["-step", "step, last first"], ["-reward", "reward, high first"], ["reward", "reward, low first"], ["-id", "newest indexed first"]].map(([v, t]) => h("option", { value: v, text: t, selected: v === (p.order || "step") })))),
     ),
     h("div", { class: "form-actions" }, h("button", { type: "submit", class: "primary", text: "Find" }), h("a", { href: `#/find?run=${runIndex}`, text: "clear" })),
   );
@@ -77,7 +77,6 @@ export async function renderFind(box, route, app) {
         h("p", { class: "found", dataset: { total: found.total } }, h("i", { class: "swatch", style: `background:${colorOf(runIndex)}` }), h("b", { text: `${num(found.total)} run${found.total === 1 ? "" : "s"}` }), " found"),
         table(
           [
-            ["run", (r) => String(r.id), "num"],
             ["step", (r) => (r.step ?? "—").toString(), "num"],
             ["group", (r) => (r.position ?? "—").toString(), "num"],
             ["rollout", (r) => (r.rollout ?? "—").toString(), "num"],

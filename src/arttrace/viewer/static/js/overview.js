@@ -60,6 +60,7 @@ export async function renderOverview(box, route, app) {
   });
   const charts = [reward, tokens, groups, time, metric, lag];
   const tables = h("div", { class: "step-tables" });
+  const chartBox = h("div", { class: "charts" }, charts.map((c) => c.el));
   const pages = new Map();
   let data = new Map();
 
@@ -91,6 +92,7 @@ export async function renderOverview(box, route, app) {
 
   function draw() {
     const runs = ready();
+    chartBox.hidden = !runs.length;
     const series = (pick) => runs.flatMap((r) => pick(r, data.get(r.index), colorOf(r.index)));
     reward.set(
       series((r, d, color) => [
@@ -200,7 +202,7 @@ export async function renderOverview(box, route, app) {
   box.append(
     h("h1", { text: "Overview" }),
     problems,
-    h("div", { class: "charts" }, charts.map((c) => c.el)),
+    chartBox,
     tables,
   );
   await load(null);

@@ -70,8 +70,11 @@ function messageItem(message) {
 
 // -- tokens ---------------------------------------------------------------------------------
 
+/** A token's text as a chip shows it: line breaks and tabs drawn, and a token that is only
+ * spaces shown as ␣ (one per space), so no chip is blank. */
 function shown(text) {
-  return text.replace(/\n/g, "↵").replace(/\t/g, "→");
+  const drawn = text.replace(/\n/g, "↵").replace(/\t/g, "→");
+  return drawn.trim() === "" ? drawn.replace(/ /g, "␣") : drawn;
 }
 
 function chips(tokens, trainable, from = 0) {
@@ -232,7 +235,7 @@ export async function renderRun(box, route, app) {
       trail.push([`step ${row.step}`, `#/r/${run}/step/${row.step}`]);
       if (group) trail.push([`group ${row.position}`, `#/r/${run}/step/${row.step}/group/${row.position}`]);
     }
-    trail.push([`run ${id}`]);
+    trail.push([row && row.rollout !== null ? `rollout ${row.rollout}` : `run ${id}`]);
     const duration = t.started_at && t.ended_at ? t.ended_at - t.started_at : null;
     const exception = t.exception
       ? h(
@@ -245,7 +248,7 @@ export async function renderRun(box, route, app) {
       : null;
     return [
       crumbs(app, run, ...trail),
-      h("h1", {}, `Run ${id} `, h("code", { text: t.example_id })),
+      h("h1", {}, "Run ", h("code", { text: t.example_id }), row && row.step !== null ? h("span", { class: "muted h1-sub", text: ` step ${row.step} · rollout ${row.rollout ?? "—"}` }) : null),
       h(
         "div",
         { class: "facts" },

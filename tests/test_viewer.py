@@ -1,0 +1,588 @@
+"""``arttrace view``: the web app over run folders, driven in a real headless Chromium.
+
+The runs are real: the demo's (``arttrace demo --backend dry-run``), and a Trainer run of a
+calculator agent on scripted OpenAI-protocol servers (tests/served's kind, over loopback HTTP)
+whose runs hold what the viewer must show: tool calls, a sub-agent's conversation (context),
+an example served without logprobs (untrainable), a run that raised, validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import arttrace as at
+from arttrace.capture import _warnings
+from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+from arttrace.viewer import Viewer
+from arttrace.viewer._runs import problem_of
+from browser import Screenshots, chromium
+
+LIVE_SECONDS = 2.0
+"""A line appended to a journal is on the page within this."""
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+UNTRAINABLE = "q-2"
+"""The example whose policy calls go to a server that sends no logprobs."""
+
+
+# -- the runs ---------------------------------------------------------------------------------
+
+
+def calculator_model(**options: Any) -> ScriptedLLM:
+    """Calls ``add``, then reports the tool's result. Every third first call for a question
+    adds 1 to ``b`` (so each group of three gets one wrong answer, whatever order its runs
+    reach the server in), except for small numbers (validation's questions); ``summariser``
+    calls get a one-line summary."""
+    asked: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def respond(request: dict[str, Any]) -> Reply:
+        last = request["messages"][-1]
+        if request["model"] == "summariser":
+            return Reply(f"In short: {last['content'][:60]}")
+        if last["role"] == "tool":
+            return Reply(f"The answer is {last['content']}.")
+        a, b = (int(x) for x in last["content"].removeprefix("What is ").rstrip("?").split("+"))
+        with lock:
+            asked[last["content"]] += 1
+            wrong = asked[last["content"]] % 3 == 2 and a >= 10  # validation's: always right
+        return Reply(tool_calls=[ToolCall("add", {"a": a, "b": b + wrong})])
+
+    return ScriptedLLM(respond, **options)
+
+
+def calculator(client: Any) -> Any:
+    @at.trainable
+    async def solve(question: str) -> str:
+        messages: list[Any] = [
+            {"role": "system", "content": "You are a calculator. Use the add tool."},
+            {"role": "user", "content": question},
+        ]
+        while True:
+            response = await client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS
+            )
+            message = response.choices[0].message
+            messages.append(message)
+            if not message.tool_calls:
+                return str(message.content or "")
+            for call in message.tool_calls:
+                args = json.loads(call.function.arguments)
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}
+                )
+
+    return solve
+
+
+async def train_calculator(out: Path) -> None:
+    """Two steps of three groups of three runs on DryRunBackend, validation before and after."""
+    import art
+    import openai
+
+    examples = [{"id": f"q-{i}", "a": 17 + 9 * i, "b": 33 - 4 * i} for i in range(3)]
+    val = [{"id": f"v-{i}", "a": 5 + i, "b": 7} for i in range(2)]
+    with (
+        serve(calculator_model()) as policy,
+        serve(calculator_model(logprobs=False)) as bare,
+        serve(calculator_model(token_ids=False, tokens_as_ids=False)) as texts,
+    ):
+        clients = {
+            name: openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+            for name, server in (("policy", policy), ("bare", bare), ("texts", texts))
+        }
+        solvers = {name: calculator(clients[name]) for name in ("policy", "bare")}
+
+        async def rollout(example: dict[str, Any]) -> float:
+            solve = solvers["bare" if example["id"] == UNTRAINABLE else "policy"]
+            answer = await solve(f"What is {example['a']}+{example['b']}?")
+            await clients["texts"].chat.completions.create(  # a sub-agent: context only,
+                model="summariser",  # its logprobs' tokens as text, without ids
+                messages=[{"role": "user", "content": f"Summarise: {answer}"}],
+                logprobs=True,
+            )
+            metadata = at.current_trajectory().metadata
+            if example["id"] == "q-1" and (metadata["step"], metadata["rollout"]) == (1, 2):
+                raise RuntimeError("the calculator tool crashed")
+            return 1.0 if answer == f"The answer is {example['a'] + example['b']}." else 0.0
+
+        model: Any = art.TrainableModel(
+            name="calc",
+            project="viewer",
+            base_model="Qwen/Qwen2.5-0.5B-Instruct",
+            run_name="calc",
+            base_path=str(out.parent / f"{out.name}-art"),
+        )
+        backend = at.DryRunBackend(out.parent / f"{out.name}-dry-run")
+        await model.register(backend)
+        trainer = at.Trainer(
+            model,
+            backend,
+            rollout,
+            examples,
+            val_dataset=val,
+            group_size=3,
+            groups_per_step=3,
+            output_dir=out,
+            max_exceptions=0.5,
+            progress=False,
+            log_to_model=False,
+        )
+        await trainer.train(num_steps=2)
+        for client in clients.values():
+            await client.close()
+
+
+def journal_lines(out: Path) -> list[dict[str, Any]]:
+    return [
+        json.loads(line)
+        for path in sorted(out.glob("journal/step-*/rollouts.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo's run and the calculator's, made once for the module (ART loads here)."""
+    from arttrace.app.demo import run_demo
+
+    root = tmp_path_factory.mktemp("runs")
+    demo, calc = root / "demo", root / "calc"
+    _warnings.reset()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            asyncio.run(run_demo(demo, steps=4, backend="dry-run"))
+            asyncio.run(train_calculator(calc))
+    finally:
+        at.uninstrument()
+        _warnings.reset()
+    given = {type(w.message) for w in caught}
+    assert at.UntrainableTurnWarning in given  # the example served without logprobs, told
+    return {"demo": demo, "calc": calc}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as context:
+        yield context
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Screenshots:
+    return Screenshots(tmp_path_factory.mktemp("screenshots"))
+
+
+@pytest.fixture(scope="module")
+def viewer(runs: dict[str, Path]) -> Iterator[Viewer]:
+    served = Viewer([runs["demo"], runs["calc"]])
+    served.start()
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    opened = browser.new_page()
+    opened.set_default_timeout(10_000)
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    opened.close()
+    assert not errors, f"the page's scripts failed: {errors}"
+
+
+def ready(page: Any, name: str, timeout: float = 10_000) -> None:
+    """Wait for page ``name`` to be drawn."""
+    page.wait_for_function(f"document.body.dataset.ready === {name!r}", timeout=timeout)
+
+
+def hover_step(page: Any, chart: str, step: int, dy: float = 0.5) -> None:
+    """Move the mouse over ``step`` on ``chart`` (``dy``: how far down the plot)."""
+    x = page.evaluate(f"window.arttraceCharts[{chart!r}].valToPos({step}, 'x')")
+    over = page.locator(f'[data-chart="{chart}"] .u-over').bounding_box()
+    x = min(max(x, 1), over["width"] - 1)  # the plot's very edge is outside it
+    page.mouse.move(over["x"] + x, over["y"] + over["height"] * dy)
+
+
+def fit(page: Any) -> None:
+    """Make the window as tall as the page: a hover then scrolls nothing, and the full-page
+    screenshot has the header at its top."""
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": 1360, "height": min(max(height, 900), 6000)})
+
+
+def show(page: Any, url: str, name: str) -> None:
+    page.goto(url)
+    ready(page, name)
+
+
+# -- the overview -------------------------------------------------------------------------------
+
+
+def test_the_demo_run_opens_with_its_reward_curve(viewer, runs, page, shots):
+    metrics = [json.loads(line) for line in (runs["demo"] / "metrics.jsonl").read_text().split()]
+    show(page, viewer.url, "overview")
+    page.wait_for_function("window.arttraceCharts && window.arttraceCharts.reward")
+    assert page.locator(".problem").count() == 0
+    legend = page.locator('[data-chart="reward"] .u-legend')
+    for line in metrics:  # hover each step: the legend shows metrics.jsonl's reward there
+        hover_step(page, "reward", line["step"])
+        row = legend.locator("tr.u-series", has_text="demo · train")
+        shown = row.locator(".u-value").inner_text()
+        assert float(shown) == pytest.approx(line["reward_mean"], abs=5e-5), line["step"]
+        step = legend.locator("tr.u-series").first.locator(".u-value").inner_text()
+        assert step == str(line["step"])
+    validation = [json.loads(v) for v in (runs["calc"] / "validation.jsonl").read_text().split()]
+    hover_step(page, "reward", validation[-1]["step"], dy=0.1)
+    row = legend.locator("tr.u-series", has_text="calc · validation")
+    assert float(row.locator(".u-value").inner_text()) == pytest.approx(
+        validation[-1]["reward_mean"], abs=5e-5
+    )
+    table = page.locator('section[data-run="0"] table.steps tbody tr')
+    assert table.count() == len(metrics)  # one row per step, and each leads to its groups
+    shots.take(page, "viewer-overview")
+
+
+# -- step -> group -> run -----------------------------------------------------------------------
+
+
+def test_a_run_shows_its_tool_call_and_tokens_as_the_journal_says(viewer, runs, page, shots):
+    lines = [
+        line
+        for line in journal_lines(runs["calc"])
+        if line["trajectory"]["example_id"] == "q-0" and line["trajectory"]["metadata"]["step"] == 0
+    ]
+    show(page, viewer.url, "overview")
+    page.locator('section[data-run="1"] table.steps tbody tr[data-href$="/step/0"]').click()
+    ready(page, "step")
+    assert page.locator("table.groups tbody tr").count() == 3
+    shots.take(page, "viewer-step")
+    page.locator("table.groups tbody tr", has_text="q-0").click()
+    ready(page, "group")
+    rewards = page.locator("table.runs tbody tr")
+    assert rewards.count() == 3
+    shown = sorted(float(rewards.nth(k).locator("td").nth(1).inner_text()) for k in range(3))
+    assert shown == sorted(line["trajectory"]["reward"] for line in lines)
+    shots.take(page, "viewer-group")
+    rewards.first.click()
+    ready(page, "run")
+    fit(page)
+    rollout = int(page.locator(".fact", has_text="rollout").locator(".fact-value").inner_text())
+    journaled = next(line for line in lines if line["slot"][1] == rollout)["trajectory"]
+    policy = [c for c in journaled["calls"] if c["trainable"]]
+    context = [c for c in journaled["calls"] if not c["trainable"]]
+
+    main = page.locator('.conversation[data-conversation="0"]')
+    call = main.locator(".tool-call").first
+    asked = policy[0]["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call.locator(".tool-name").inner_text() == "add"
+    assert json.loads(call.locator(".args").inner_text()) == json.loads(asked["arguments"])
+    result = main.locator('.msg[data-role="tool"]').first.locator(".text").inner_text()
+    assert result == str(sum(json.loads(asked["arguments"]).values()))
+
+    # every sampled token, in order, coloured as the journal's mask says: the policy's turns
+    # are trainable, the sub-agent's (a call outside @trainable) is context
+    turns = main.locator(".turn")
+    assert turns.count() == len(policy)
+    for turn, call_record in zip(turns.all(), policy, strict=True):
+        choice = call_record["choices"][0]
+        chips = turn.locator(".tok")
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.dataset.id))") == choice["token_ids"]
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.dataset.lp))") == choice["logprobs"]
+        assert set(chips.evaluate_all("cs => cs.map(c => c.className)")) == {"tok trainable"}
+    sub = page.locator('.conversation[data-conversation="1"] .turn')
+    assert sub.count() == len(context) == 1
+    chips = sub.locator(".tok")
+    summary = context[0]["choices"][0]
+    assert summary["token_ids"] is None and summary["tokens"]  # the server sent text, no ids
+    assert chips.evaluate_all("cs => cs.map(c => c.dataset.text)") == summary["tokens"]
+    assert set(chips.evaluate_all("cs => cs.map(c => c.className)")) == {"tok context"}
+    assert "outside every @trainable function" in sub.locator(".why").inner_text()
+    green = turns.first.locator(".tok").first.evaluate("c => getComputedStyle(c).backgroundColor")
+    grey = chips.first.evaluate("c => getComputedStyle(c).backgroundColor")
+    red, g, blue = (int(v) for v in re.findall(r"\d+", green)[:3])
+    assert g > red and g > blue and green != grey
+
+    # hovering a token shows the journal's id, text (when the server sent it) and logprob
+    choice = policy[0]["choices"][0]
+    k = len(choice["token_ids"]) // 2
+    turns.first.locator(".tok").nth(k).hover()
+    tip = page.locator("#tip")
+    assert tip.is_visible()
+    assert tip.locator(".tip-id").inner_text() == str(choice["token_ids"][k])
+    assert float(tip.locator(".tip-lp").inner_text()) == choice["logprobs"][k]
+    assert "ids only" in tip.inner_text() and "trainable" in tip.inner_text()
+    k = len(summary["tokens"]) - 2
+    chips.nth(k).hover()
+    assert json.loads(tip.locator(".tip-text").inner_text()) == summary["tokens"][k]
+    assert float(tip.locator(".tip-lp").inner_text()) == summary["logprobs"][k]
+    assert "context" in tip.inner_text()
+    turns.first.locator(".tok").nth(3).hover()
+    assert "finish: tool_calls" in turns.first.inner_text()
+    assert "recorded by: openai" in turns.first.inner_text()
+    shots.take(page, "viewer-run")
+
+
+def test_a_run_that_raised_shows_its_exception(viewer, runs, page):
+    raised = next(
+        line for line in journal_lines(runs["calc"]) if line["trajectory"]["exception"] is not None
+    )["trajectory"]
+    show(page, viewer.url + "#/find?run=1&example_id=q-1&step=1", "find")
+    page.locator("table.found-runs tbody tr", has_text="RuntimeError").click()
+    ready(page, "run")
+    box = page.locator(".exception")
+    assert box.locator("h3").inner_text() == "The run raised RuntimeError"
+    assert box.locator(".problem-message").inner_text() == raised["exception"]["message"]
+    box.locator("summary").click()
+    assert "the calculator tool crashed" in box.locator("pre").inner_text()
+
+
+# -- find ---------------------------------------------------------------------------------------
+
+
+def test_filtering_by_an_untrainable_cause_finds_exactly_its_runs(viewer, runs, page, shots):
+    def untrainable(trajectory: dict[str, Any]) -> bool:
+        return any(
+            choice["logprobs"] is None
+            for call in trajectory["calls"]
+            if call["trainable"]
+            for choice in call["choices"]
+        )
+
+    expected = {
+        (line["trajectory"]["metadata"]["step"], line["slot"][1], line["trajectory"]["example_id"])
+        for line in journal_lines(runs["calc"])
+        if untrainable(line["trajectory"])
+    }
+    assert expected and {example for *_, example in expected} == {UNTRAINABLE}
+    show(page, viewer.url + "#/find?run=1", "find")
+    option = page.locator('select[name="cause"] option', has_text="no logprobs")
+    assert option.inner_text() == f"no logprobs ({len(expected)} runs)"
+    page.select_option('select[name="cause"]', "no logprobs")
+    page.wait_for_function("location.hash.includes('cause=no')")
+    ready(page, "find")
+    page.wait_for_selector(f'.found[data-total="{len(expected)}"]')
+    rows = page.locator("table.found-runs tbody tr")
+    found = {
+        (int(cells[0]), int(cells[2]), cells[4])
+        for cells in (rows.nth(k).locator("td").all_inner_texts() for k in range(rows.count()))
+    }
+    assert found == expected
+    shots.take(page, "viewer-find")
+    page.locator('input[name="text"]').fill("tool crashed")  # text: none of these runs
+    page.locator('button[type="submit"]').click()
+    page.wait_for_selector('.found[data-total="0"]')
+
+
+def test_find_pages_through_many_runs(viewer, runs, page):
+    total = len(journal_lines(runs["demo"]))
+    show(page, viewer.url + "#/find?run=0&order=-reward", "find")
+    page.wait_for_selector(f'.found[data-total="{total}"]')
+    rows = page.locator("table.found-runs tbody tr")
+    assert rows.count() == min(total, 50)
+    rewards = [float(rows.nth(k).locator("td").nth(5).inner_text()) for k in range(rows.count())]
+    assert rewards == sorted(rewards, reverse=True)
+
+
+# -- live ---------------------------------------------------------------------------------------
+
+
+def test_a_new_journal_line_appears_live(runs, browser, tmp_path):
+    folder = tmp_path / "calc"
+    shutil.copytree(runs["calc"], folder, ignore=shutil.ignore_patterns(".arttrace-index*"))
+    served = Viewer([folder])
+    served.start()
+    page = browser.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        show(page, served.url + "#/find?run=0&example_id=live-1", "find")
+        page.wait_for_selector('.found[data-total="0"]')
+        line = journal_lines(folder)[0]
+        line["slot"] = [7, 0]
+        line["trajectory"]["example_id"] = "live-1"
+        rollouts = folder / "journal" / "step-00001" / "rollouts.jsonl"
+        with rollouts.open("ab") as file:
+            file.write(json.dumps(line).encode() + b"\n")
+            appended = time.monotonic()
+        page.wait_for_selector('.found[data-total="1"]', timeout=LIVE_SECONDS * 1000)
+        print(f"a journal line on the page after {time.monotonic() - appended:.2f} s")
+        assert page.locator("table.found-runs tbody tr").count() == 1
+
+        show(page, served.url, "overview")
+        metrics = folder / "metrics.jsonl"
+        last = json.loads(metrics.read_text().split()[-1])
+        new = {**last, "step": last["step"] + 1, "reward_mean": 0.123}
+        with metrics.open("ab") as file:
+            file.write(json.dumps(new).encode() + b"\n")
+            appended = time.monotonic()
+        page.wait_for_selector(
+            f'table.steps tr[data-href$="/step/{new["step"]}"]', timeout=LIVE_SECONDS * 1000
+        )
+        print(f"a metrics line on the page after {time.monotonic() - appended:.2f} s")
+        xs = page.evaluate("window.arttraceCharts.reward.data[0]")
+        assert xs[-1] == new["step"]
+    finally:
+        page.close()
+        served.stop()
+
+
+# -- bad folders ----------------------------------------------------------------------------------
+
+
+def test_a_bad_run_folder_gives_a_clear_page(runs, browser, tmp_path, shots):
+    not_a_run = tmp_path / "notes"
+    not_a_run.mkdir()
+    (not_a_run / "todo.txt").write_text("not a run")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(runs["calc"], damaged, ignore=shutil.ignore_patterns(".arttrace-index*"))
+    rollouts = damaged / "journal" / "step-00000" / "rollouts.jsonl"
+    whole = rollouts.read_bytes()
+    lines = whole.split(b"\n")
+    lines[3] = b'{"slot": [0, 1], "trajectory": {"example_id": "q-'  # cut short mid-file
+    rollouts.write_bytes(b"\n".join(lines))
+    served = Viewer([not_a_run, damaged])
+    served.start()
+    page = browser.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        show(page, served.url, "overview")
+        page.wait_for_selector(".problem >> nth=1")
+        text = page.locator("main").inner_text()
+        assert "Traceback" not in text
+        boxes = page.locator(".problem")
+        first, second = boxes.nth(0).inner_text(), boxes.nth(1).inner_text()
+        assert "notes cannot be shown" in first
+        assert f"{not_a_run} is not a run folder" in first or "output_dir" in first
+        assert "What to do:" in first
+        assert "damaged cannot be shown" in second
+        assert f"{rollouts}" in second and "line 4" in second
+        assert "restore the file from a copy" in second
+        shots.take(page, "viewer-bad-folder")
+        show(page, served.url + "#/r/1/step/0", "step")  # its pages say the same
+        assert "restore the file from a copy" in page.locator(".problem").inner_text()
+
+        rollouts.write_bytes(whole)  # repaired: the page shows the run by itself
+        page.wait_for_selector("table.groups tbody tr", timeout=10_000)
+        assert page.locator("table.groups tbody tr").count() == 3
+    finally:
+        page.close()
+        served.stop()
+
+
+def test_an_unreadable_folder_says_whose_it_is(tmp_path):
+    error = PermissionError(13, "Permission denied", str(tmp_path / "journal"))
+    problem = problem_of(tmp_path, error)
+    assert problem.message == f"cannot read {tmp_path / 'journal'}: permission denied"
+    assert "as the user who ran the training" in problem.fix
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+def test_the_viewer_is_read_only_and_answers_only_to_its_own_name(viewer):
+    with httpx.Client(base_url=viewer.url) as client:
+        assert client.get("/").status_code == 200
+        assert "uPlot" in client.get("/static/vendor/uplot/uPlot.iife.min.js").text
+        for method in ("POST", "PUT", "PATCH", "DELETE"):
+            answer = client.request(method, "/api/runs")
+            assert answer.status_code == 405, method
+            assert answer.headers["allow"] == "GET, HEAD"
+        refused = client.get("/api/runs", headers={"host": "attacker.example:80"})
+        assert refused.status_code == 421  # a page reaching 127.0.0.1 by DNS rebinding
+        assert client.get("/api/runs", headers={"host": "localhost"}).status_code == 200
+        bad = client.get("/api/runs/1/trajectories", params={"min_reward": "high"})
+        assert bad.status_code == 400 and "min_reward must be a number" in bad.json()["error"]
+        big = client.get("/api/runs/1/trajectories", params={"limit": 100_000})
+        assert big.status_code == 400  # every answer is bounded
+        assert client.get("/api/runs/7/overview").status_code == 404
+    host, _ = viewer.server.address  # type: ignore[union-attr]
+    assert host == "127.0.0.1"
+
+
+def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_display(runs, tmp_path):
+    fake_browser = tmp_path / "browser.sh"  # webbrowser runs $BROWSER: it notes the URL
+    fake_browser.write_text('#!/bin/sh\necho "$1" >> "$OPENED"\n')
+    fake_browser.chmod(0o755)
+    command = [
+        sys.executable,
+        "-c",
+        "import argparse, sys\n"
+        "from arttrace.app._args import HelpFormatter\n"
+        "from arttrace.viewer._command import add_view_command\n"
+        "parser = argparse.ArgumentParser(prog='arttrace')\n"
+        "commands = parser.add_subparsers(dest='command')\n"
+        "add_view_command(commands, HelpFormatter)\n"
+        "args = parser.parse_args(sys.argv[1:])\n"
+        "sys.exit(args.run(args, commands.choices['view']))\n",
+        "view",
+        "--host",
+        "0.0.0.0",
+        str(runs["demo"]),
+    ]
+    cases = {
+        "display": (":0", []),
+        "no display": ("", []),
+        "--no-browser": (":0", ["--no-browser"]),
+    }
+    processes = {}
+    for name, (display, extra) in cases.items():  # all three at once: each loads for a second
+        env = {
+            **os.environ,
+            "DISPLAY": display,
+            "WAYLAND_DISPLAY": "",
+            "BROWSER": str(fake_browser),
+        }
+        processes[name] = subprocess.Popen(
+            [*command, *extra, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "OPENED": str(tmp_path / name)},
+        )
+    for name, process in processes.items():
+        try:
+            line = process.stdout.readline()  # type: ignore[union-attr]
+            url = re.search(r"http://\S+/", line)
+            assert url, line
+            assert httpx.get(url.group()).status_code == 200
+            shown = httpx.get(url.group() + "api/runs").json()["runs"]
+            assert [run["path"] for run in shown] == [str(runs["demo"])]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=20)
+        assert process.returncode == 0, err
+        assert "stopped" in out
+        assert "can read these runs' prompts" in err  # --host 0.0.0.0 is told
+        opened = tmp_path / name
+        got = opened.read_text().split() if opened.exists() else []
+        assert got == ([url.group()] if name == "display" else []), name
