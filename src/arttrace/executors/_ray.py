@@ -1,0 +1,825 @@
+"""Rollouts on a Ray cluster: a pool of actors, each running one rollout at a time.
+
+Why actors and not tasks: an actor unpickles the rollout and ``reward_fn`` and instruments
+capture once, then keeps one event loop for every rollout it runs, so the agent's async
+clients (bound to the loop they first ran on) work across rollouts; a task would pay the
+setup per rollout, or cache it per worker process and start an event loop per call. The
+per-rollout overhead measured on a 2-node local cluster is in ``docs``; both are a few
+milliseconds, small next to an LLM call.
+
+Faults: an actor whose process or node dies mid-rollout is replaced, and the rollout runs
+again on another actor (``max_retries`` times, each retry logged). Ray never retries a
+rollout by itself (``max_restarts=0``, ``max_task_retries=0``), so a rollout runs at most
+``1 + max_retries`` times and comes back once: finished, or with the cause on
+``Trajectory.exception``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+try:
+    import ray
+    import ray.exceptions
+    from ray import cloudpickle
+except ImportError as error:  # pragma: no cover  (ray is in the test set)
+    raise ImportError("arttrace.RayExecutor needs Ray: pip install 'arttrace[ray]'") from error
+
+from .._errors import ConfigurationError
+from ..capture import _context
+from ..capture._trajectory import Trajectory
+from ._frozen import FORMAT, freeze, thaw
+
+if TYPE_CHECKING:
+    from ..capture._trajectory import MetadataValue
+    from ..training._rollout import RolloutRunner
+
+_log = logging.getLogger("arttrace")
+_dumps: Callable[[Any], bytes] = cloudpickle.dumps  # untyped in Ray
+_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
+
+_START_TIMEOUT = 300.0
+"""Seconds :meth:`RayExecutor.bind` waits for its first actor (runtime_env set-up included)."""
+
+_WORKER_LOST = (
+    ray.exceptions.RayActorError,  # the actor's process died, or its node
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.ObjectLostError,  # the result was on a node that died
+    ray.exceptions.OutOfMemoryError,  # Ray's memory monitor killed the worker
+)
+"""Failures of the worker, not of the rollout: the rollout is run again elsewhere."""
+
+Settings = tuple[bool, bool] | None
+"""The driver's ``arttrace.instrument()`` settings (``request_training_data``,
+``export_tokens``), or ``None``: capture off."""
+
+
+# -- the worker side -------------------------------------------------------------------------
+
+
+class _RolloutActor:
+    """One rollout at a time, in a worker process of any node, with the pickled rollout and
+    ``reward_fn`` loaded once. A piece that cannot be loaded here is reported by
+    :meth:`ready` (so :meth:`RayExecutor.bind` names it) and fails each rollout with that
+    cause."""
+
+    def __init__(self, rollout: bytes, reward_fn: bytes | None, max_concurrency: int) -> None:
+        self.runner: RolloutRunner[Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.load(rollout, reward_fn, max_concurrency)
+
+    def load(self, rollout: bytes, reward_fn: bytes | None, max_concurrency: int) -> None:
+        """Run this rollout from now on (a re-bound executor keeps its actors)."""
+        from ..training._rollout import RolloutRunner
+
+        if self.runner is not None:
+            self.runner.close()
+        self.runner, self.error = None, None
+        try:
+            loaded = cloudpickle.loads(rollout)
+        except Exception as error:
+            self.error = _load_error("the rollout", error)
+            return
+        try:
+            score = None if reward_fn is None else cloudpickle.loads(reward_fn)
+        except Exception as error:
+            self.error = _load_error("reward_fn", error)
+            return
+        self.runner = RolloutRunner(loaded, score, max_concurrency)
+
+    def ready(self) -> dict[str, Any]:
+        """Where this actor runs, its frozen format, and why it cannot run rollouts (if so)."""
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "format": FORMAT,
+            "error": self.error,
+        }
+
+    def check(self, examples: list[bytes]) -> tuple[int, dict[str, Any]] | None:
+        """The first example that cannot be loaded here, and why."""
+        for index, blob in enumerate(examples):
+            try:
+                cloudpickle.loads(blob)
+            except Exception as error:
+                return index, _load_error(f"example {index}", error)
+        return None
+
+    async def run(
+        self,
+        example_id: str,
+        example: Any,
+        metadata: dict[str, MetadataValue],
+        settings: Settings,
+    ) -> bytes:
+        _instrument(settings)
+        if self.runner is None:
+            assert self.error is not None
+            message = _load_message(**self.error)
+            return freeze(_failed(example_id, metadata, "ConfigurationError", message, ""))
+        return freeze(await self.runner.run(example_id, example, metadata))
+
+
+def _instrument(settings: Settings) -> None:
+    """Capture as the driver has it (``instrument`` is idempotent; only a change calls it)."""
+    from .._instrument import instrument, uninstrument
+
+    current = _context.shim_settings()
+    have = None if current is None else (current.request_training_data, current.export_tokens)
+    if have == settings:
+        return
+    if settings is None:
+        uninstrument()
+    else:
+        instrument(request_training_data=settings[0], export_tokens=settings[1])
+
+
+def _load_error(what: str, error: Exception) -> dict[str, Any]:
+    """Why ``what`` could not be unpickled on this worker, with the fix."""
+    module = getattr(error, "name", None) if isinstance(error, ImportError) else None
+    cause = f"{type(error).__name__}: {error}"
+    return {"what": what, "module": module, "cause": cause}
+
+
+def _load_message(what: str, module: str | None, cause: str) -> str:
+    """What could not be loaded on the workers, and the fix: on the driver, where the module
+    lives is known, and the fix names its path."""
+    if not module:
+        return (
+            f"{what} cannot be loaded on the Ray workers ({cause}): the workers must have the "
+            "code and package versions this process has (install them on every node, or "
+            "send them with RayExecutor(runtime_env=...))"
+        )
+    top = module.split(".")[0]
+    local = sys.modules.get(top)
+    path = _module_path(local) if local is not None else None
+    send = repr(path) if path else f"'<the folder or .py file of {top}>'"
+    return (
+        f"{what} cannot be loaded on the Ray workers: they cannot import module {module!r} "
+        f"({cause}). Send it with RayExecutor(runtime_env={{'py_modules': [{send}]}}) or "
+        "runtime_env={'working_dir': '<your project folder>'}, or install it on every node"
+    )
+
+
+def _module_path(module: types.ModuleType) -> str | None:
+    """What ``py_modules`` takes for ``module``: its package folder, or its ``.py`` file."""
+    paths = list(getattr(module, "__path__", []))
+    if paths:
+        return str(paths[0])
+    file = getattr(module, "__file__", None)
+    return str(file) if file else None
+
+
+def _failed(
+    example_id: str,
+    metadata: dict[str, MetadataValue],
+    kind: str,
+    message: str,
+    trace: str,
+    started: float | None = None,
+) -> Trajectory:
+    """A run that did not finish: the Trainer counts it under ``max_exceptions``."""
+    t = Trajectory(example_id, metadata)
+    t.exception = {"type": kind, "message": message, "traceback": trace}
+    t.started_at, t.ended_at = started or time.time(), time.time()
+    return t
+
+
+# -- what cannot be sent ---------------------------------------------------------------------
+
+
+def _pickled(obj: Any, what: str, root: str) -> bytes:
+    """``obj`` pickled as Ray sends it, or a ConfigurationError naming what in it cannot be
+    pickled (``root`` is how the path to that part starts: ``rollout``, ``example``)."""
+    try:
+        return bytes(_dumps(obj))
+    except Exception as error:
+        chain = _culprit(obj, set(), 0)
+        raise ConfigurationError(_unpicklable(what, root, obj, chain, error)) from None
+
+
+_Hop = tuple[str, Any, Exception]
+"""A step into an object (``.attr``, ``[key]``, or ``=name`` for a variable the path then
+starts from), the part it reaches, and the error pickling that part gave."""
+
+
+def _culprit(obj: Any, seen: set[int], depth: int) -> list[_Hop]:
+    """The steps from ``obj`` to the innermost part of it that does not pickle."""
+    if depth > 12 or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    try:
+        for step, part in _parts(obj):
+            try:
+                _dumps(part)
+            except Exception as error:
+                return [(step, part, error), *_culprit(part, seen, depth + 1)]
+    except Exception:  # a part we cannot walk: stop here
+        pass
+    return []
+
+
+def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    """What pickling ``obj`` pickles, each with the step that reaches it."""
+    if isinstance(obj, types.MethodType):
+        yield "=self", obj.__self__
+        yield ".__func__", obj.__func__
+    elif isinstance(obj, functools.partial):
+        yield ".func", obj.func
+        for i, arg in enumerate(obj.args):
+            yield f".args[{i}]", arg
+        for key, value in obj.keywords.items():
+            yield f".keywords[{key!r}]", value
+    elif isinstance(obj, types.FunctionType):  # pickled by value: its code's references
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
+            yield f"={name}=its variable {name!r}", cell.cell_contents
+        for name in dict.fromkeys(_global_names(obj.__code__)):
+            if name in obj.__globals__:
+                yield f"={name}=its global {name!r}", obj.__globals__[name]
+        for i, default in enumerate(obj.__defaults__ or ()):
+            yield f"=default={f'its default value {i}'}", default
+    elif type(obj) is dict:
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+    elif type(obj) in (list, tuple, set, frozenset):
+        for i, item in enumerate(obj):
+            yield f"[{i}]", item
+    else:
+        reduced = obj.__reduce_ex__(5)
+        if not isinstance(reduced, tuple):
+            return
+        state = reduced[2] if len(reduced) > 2 else None
+        if isinstance(state, tuple) and len(state) == 2:  # (__dict__, __slots__ values)
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            for name, value in state.items():
+                yield f".{name}", value
+        for i, item in enumerate(reduced[3] if len(reduced) > 3 and reduced[3] else ()):
+            yield f"[{i}]", item
+        for key, value in reduced[4] if len(reduced) > 4 and reduced[4] else ():
+            yield f"[{key!r}]", value
+        for i, arg in enumerate(reduced[1] if len(reduced) > 1 else ()):
+            yield f".__reduce__()[1][{i}]", arg
+
+
+def _unpicklable(what: str, root: str, obj: Any, chain: list[_Hop], error: Exception) -> str:
+    """``what`` cannot be sent: which part of it, of what type, holds what cannot be pickled."""
+    path, top, top_at = root, "", -1
+    for i, (step, _part, _) in enumerate(chain):
+        if step.startswith("="):  # a variable: the path starts again from its name
+            _, path, *described = step.split("=", 2)
+            if described and not top:
+                top, top_at = described[0], i
+        else:
+            path += step
+            if not top:
+                top, top_at = path, i
+    leaf, cause = (chain[-1][1], chain[-1][2]) if chain else (obj, error)
+    if top_at in (-1, len(chain) - 1):
+        holds = f"{top or root} is {_a(leaf)}"
+    else:
+        holds = f"{top} ({_a(chain[top_at][1])}) holds {_a(leaf)} at {path}"
+    fix = (
+        "Keep examples to plain data (text, numbers, ids) and build such objects inside the rollout"
+        if root == "example"
+        else f"Create it inside {what} (or once per worker, on first use), or define {what} "
+        "in a module the workers import, so that it is sent by name, not by value"
+    )
+    return (
+        f"{what} cannot be sent to the Ray workers: {holds}, which cannot be pickled "
+        f"({type(cause).__name__}: {cause}). {fix}"
+    )
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
+
+
+_LOCKS = {"_thread.lock": "threading.Lock", "_thread.RLock": "threading.RLock"}
+
+
+def _a(obj: Any) -> str:
+    """``a threading.Lock``, ``an openai.AsyncOpenAI``."""
+    name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    name = _LOCKS.get(name, name.removeprefix("builtins."))
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _example_name(index: int, example: Any) -> str:
+    key = example.get("id") if isinstance(example, Mapping) else None
+    return f"example {index}" + ("" if key is None else f" (id {key!r})")
+
+
+# -- the driver side -------------------------------------------------------------------------
+
+
+class _Member:
+    """One actor of the pool: starting (its ``ready`` call pending), idle, or busy."""
+
+    __slots__ = ("actor", "loop", "ready", "state")
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self.ready = actor.ready.remote()
+        self.state = "starting"
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop watching ``ready`` (each ``asyncio.run`` has its own)."""
+
+
+class _Pool:
+    """``size`` actors; a rollout takes an idle one and gives it back. An actor is handed out
+    only once it has started: on a cluster too small for ``size`` of them, the ones that
+    cannot be placed wait without holding up a rollout. A dead actor is replaced."""
+
+    def __init__(self, actor_class: Any, size: int, load: tuple[Any, ...]) -> None:
+        self._actor_class = actor_class
+        self.load = load
+        """The rollout actors' constructor (and ``load``) arguments."""
+        self.members = [_Member(actor_class.remote(*load)) for _ in range(size)]
+        self._idle: list[_Member] = []
+        self._changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._watchers: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    async def acquire(self) -> _Member:
+        loop = asyncio.get_running_loop()
+        changed = self._event(loop)
+        while True:
+            if self.closed:
+                raise RuntimeError("the RayExecutor was closed")
+            if self._idle:
+                member = self._idle.pop()
+                member.state = "busy"
+                return member
+            for member in self.members:
+                if member.state == "starting" and member.loop is not loop:
+                    member.loop = loop
+                    task = loop.create_task(self._watch(member))
+                    self._watchers.add(task)
+                    task.add_done_callback(self._watchers.discard)
+            changed.clear()
+            await changed.wait()
+
+    def release(self, member: _Member) -> None:
+        if member.state != "busy":
+            return
+        member.state = "idle"
+        self._idle.append(member)
+        self._notify()
+
+    def lost(self, member: _Member) -> None:
+        """``member``'s actor died: kill what is left of it and start another."""
+        if member.state == "dead":
+            return
+        member.state = "dead"
+        if member in self._idle:
+            self._idle.remove(member)
+        _kill(member.actor)
+        if member in self.members and not self.closed:
+            replacement = _Member(self._actor_class.remote(*self.load))
+            self.members[self.members.index(member)] = replacement
+        self._notify()
+
+    def reload(self, load: tuple[Any, ...]) -> None:
+        """Run another rollout in the same actors (no process is started); each actor is
+        handed out again once it has loaded it."""
+        self.load = load
+        self._idle.clear()
+        for member in self.members:
+            member.actor.load.remote(*load)  # a call runs after the ones before it
+            member.ready = member.actor.ready.remote()
+            member.state, member.loop = "starting", None
+
+    async def _watch(self, member: _Member) -> None:
+        ready = member.ready
+        try:
+            await ready
+        except Exception:
+            if member.ready is ready:
+                self.lost(member)
+            return
+        if member.state == "starting" and member.ready is ready:
+            member.state = "idle"
+            self._idle.append(member)
+            self._notify()
+
+    def _event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        if self._changed is None or self._changed[0] is not loop:
+            self._changed = loop, asyncio.Event()
+        return self._changed[1]
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            loop, event = self._changed
+            try:
+                if asyncio.get_running_loop() is loop:
+                    event.set()
+            except RuntimeError:  # no loop running (close, from a plain call)
+                pass
+
+    def close(self) -> None:
+        self.closed = True
+        for member in self.members:
+            _kill(member.actor)
+        self._notify()
+
+
+def _kill(actor: Any) -> None:
+    with contextlib.suppress(Exception):  # already dead, or the cluster is gone
+        ray.kill(actor, no_restart=True)
+
+
+_connection = threading.Lock()
+_users = 0
+"""RayExecutors bound on the Ray connection arttrace opened (0 when the user opened it)."""
+_local = False
+"""That connection started a local Ray instance (no autoscaler will add a node to it)."""
+
+
+class RayExecutor:
+    """Run the Trainer's rollouts on a Ray cluster: ``Trainer(..., executor=RayExecutor())``.
+
+    Each rollout runs in an actor (a worker process) on any node of the cluster, one rollout
+    per actor at a time, with capture instrumented as in the Trainer's process
+    (``arttrace.instrument()``'s settings) and the rollout's trajectory opened with the
+    example id and metadata it would have in-process; the reward rules are the Trainer's.
+    The finished trajectory comes back in a compact binary form (token ids and logprobs as
+    packed arrays), equal to what the worker recorded. The rollout, ``reward_fn`` and every
+    dataset example are pickled (``cloudpickle``) and loaded on a worker when the Trainer is
+    built: one that cannot be sent fails there, with a
+    :class:`~arttrace.ConfigurationError` naming it and the fix.
+
+    Args:
+        address: The cluster: ``None`` connects to ``RAY_ADDRESS`` when it is set, else
+            starts a local Ray instance (shut down again by :meth:`close`); ``"auto"`` finds
+            a running local cluster (``ray start``); ``"ray://host:port"`` connects
+            through Ray Client; ``"host:port"`` to a head node. A Ray already initialized in
+            this process (``ray.init()`` of your own) is used as it is, and never shut down.
+        num_cpus: CPUs each rollout holds (its actor's reservation), fractional allowed.
+        num_gpus: GPUs each rollout holds.
+        resources: Custom resources each rollout holds, e.g. ``{"sandbox": 1}``.
+        runtime_env: The rollout actors' Ray runtime environment (each actor's option, so it
+            applies on a cluster you connected to as on one started here), e.g.
+            ``{"py_modules": [my_agent]}`` to send a module the nodes do not have, or
+            ``{"pip": [...]}``.
+        max_in_flight: Rollouts running at a time, i.e. actors in the pool (default: the
+            Trainer's ``max_concurrency``). Actors the cluster has no room for wait unused.
+        max_retries: How many times a rollout whose worker died (its process killed, its
+            node lost) is run again on another worker, each retry logged as a warning.
+            Past it the rollout comes back with the cause on ``Trajectory.exception``
+            (counted under the Trainer's ``max_exceptions``). A rollout that raises is never
+            retried: that is the agent's failure, kept as in-process.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        resources: dict[str, float] | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        max_in_flight: int | None = None,
+        max_retries: int = 2,
+    ) -> None:
+        for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigurationError(f"{name} must be a number >= 0, got {value!r}")
+        if max_in_flight is not None and (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or max_in_flight < 1
+        ):
+            raise ConfigurationError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigurationError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        self.address = address
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.resources = dict(resources or {})
+        self.runtime_env = runtime_env
+        self.max_in_flight = max_in_flight
+        self.max_retries = max_retries
+        self._pool: _Pool | None = None
+        self._connected = False
+        self._shared = False
+        """Bound on the Ray connection arttrace opened (not on the user's own)."""
+
+    # -- bind ------------------------------------------------------------------------------
+
+    def bind(self, runner: RolloutRunner[Any], examples: Sequence[Any], concurrency: int) -> None:
+        """Check that the rollout, ``reward_fn`` and ``examples`` can be sent to and loaded on
+        a worker, connect to the cluster and start the actors."""
+        rollout = _pickled(runner.rollout, "the rollout", "rollout")
+        reward_fn = (
+            None
+            if runner.reward_fn is None
+            else _pickled(runner.reward_fn, "reward_fn", "reward_fn")
+        )
+        blobs = [
+            _pickled(example, _example_name(i, example), "example")
+            for i, example in enumerate(examples)
+        ]
+        self._connect()
+        size = self.max_in_flight or concurrency
+        load = (rollout, reward_fn, concurrency)
+        pool = self._pool
+        if pool is not None and len(pool.members) == size:
+            pool.reload(load)
+        else:
+            if pool is not None:
+                pool.close()
+            options: dict[str, Any] = {
+                "num_cpus": self.num_cpus,
+                "num_gpus": self.num_gpus,
+                "resources": self.resources or None,
+                "max_restarts": 0,  # a dead actor is replaced by the pool, and its rollout
+                "max_task_retries": 0,  # retried there: Ray never runs a rollout twice itself
+                "max_concurrency": 1,
+            }
+            if self.runtime_env is not None:
+                options["runtime_env"] = _uploaded(self.runtime_env)
+            pool = _Pool(ray.remote(_RolloutActor).options(**options), size, load)
+        self._pool = None
+        try:
+            first = self._first_ready(pool)
+            self._check(first, blobs, examples)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+
+    def _first_ready(self, pool: _Pool) -> tuple[_Member, dict[str, Any]]:
+        """The first actor to start, and what it said: the bind-time check of the worker."""
+        pending = {m.ready: m for m in pool.members}
+        deadline = time.monotonic() + _START_TIMEOUT
+        warned = False
+        while True:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+            if done:
+                member = pending[done[0]]
+                try:
+                    info = ray.get(done[0])
+                except ray.exceptions.RuntimeEnvSetupError as error:
+                    raise ConfigurationError(
+                        f"the Ray workers could not set up runtime_env={self.runtime_env!r}: "
+                        f"{_summary(error)}"
+                    ) from None
+                except ray.exceptions.RayActorError as error:
+                    raise ConfigurationError(
+                        "a Ray worker could not start the rollout actor: "
+                        f"{_summary(error)}. Is arttrace installed on every node (the same "
+                        "version as here)? Install it there, or send it with "
+                        "runtime_env={'pip': ['arttrace[ray]']}"
+                    ) from None
+                member.state = "idle"
+                pool._idle.append(member)
+                return member, info
+            if not warned and not self._placeable():
+                if _local:
+                    raise self._unplaceable()
+                _log.warning("arttrace: RayExecutor: %s; waiting for one", self._unplaceable())
+                warned = True
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"no rollout actor of the RayExecutor started within {_START_TIMEOUT:.0f} "
+                    f"s ({self._request_text()} each); check the cluster's free resources "
+                    "(ray status) and the runtime_env"
+                )
+
+    def _check(
+        self, first: tuple[_Member, dict[str, Any]], blobs: list[bytes], examples: Sequence[Any]
+    ) -> None:
+        member, info = first
+        if info["format"] != FORMAT:
+            raise ConfigurationError(
+                f"the Ray workers run another arttrace (frozen trajectory format "
+                f"{info['format']}, this process {FORMAT}): install the same arttrace version "
+                "on every node"
+            )
+        if info["error"] is not None:
+            raise ConfigurationError(_load_message(**info["error"]))
+        bad = ray.get(member.actor.check.remote(blobs)) if blobs else None
+        if bad is not None:
+            index, error = bad
+            error["what"] = _example_name(index, examples[index])
+            raise ConfigurationError(_load_message(**error))
+
+    def _request(self) -> dict[str, float]:
+        return {
+            k: v
+            for k, v in {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}.items()
+            if v
+        }
+
+    def _request_text(self) -> str:
+        parts = [f"num_cpus={self.num_cpus}", f"num_gpus={self.num_gpus}"]
+        if self.resources:
+            parts.append(f"resources={self.resources}")
+        return ", ".join(parts)
+
+    def _placeable(self) -> bool:
+        """Whether a node of the cluster as it is now could ever hold one rollout actor."""
+        request = self._request()
+        return any(
+            all(node["Resources"].get(k, 0) >= v for k, v in request.items())
+            for node in _nodes()
+            if node.get("Alive")
+        )
+
+    def _unplaceable(self) -> ConfigurationError:
+        nodes = [n["Resources"] for n in _nodes() if n.get("Alive")]
+        have = "; ".join(
+            ", ".join(
+                f"{k}={v:g}"
+                for k, v in sorted(r.items())
+                if "node:" not in k and k not in ("memory", "object_store_memory")
+            )
+            for r in nodes
+        )
+        return ConfigurationError(
+            f"no node of the Ray cluster can hold one rollout ({self._request_text()}); "
+            f"its nodes have: {have or 'nothing'}. Ask for less per rollout, or add a node "
+            "that has it"
+        )
+
+    def _connect(self) -> None:
+        global _users, _local
+        if self._connected:
+            return
+        with _connection:
+            if not ray.is_initialized():
+                address = self.address or os.environ.get("RAY_ADDRESS") or None
+                if address is None:
+                    # Ray >= 2.52 turns token authentication on for a local instance and
+                    # warns that it did; set on purpose, it is on without the warning.
+                    os.environ.setdefault("RAY_AUTH_MODE", "token")
+                    ray.init(
+                        address="local",
+                        include_dashboard=False,
+                        logging_level=logging.WARNING,
+                        log_to_driver=True,
+                    )
+                    _local = True
+                else:
+                    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+                _users = 0
+            elif not _users:
+                self._connected = True  # the user's own ray.init(): theirs to shut down
+                return
+            _users += 1
+            self._connected = self._shared = True
+
+    # -- run -------------------------------------------------------------------------------
+
+    async def run(
+        self, example_id: str, example: Any, metadata: dict[str, MetadataValue]
+    ) -> Trajectory:
+        """One rollout on the cluster; see the class docstring for retries and failures."""
+        if self._pool is None:
+            raise RuntimeError("RayExecutor.run before bind: pass it to a Trainer")
+        pool = self._pool
+        settings = _context.shim_settings()
+        wanted = (
+            None if settings is None else (settings.request_training_data, settings.export_tokens)
+        )
+        started = time.time()
+        causes: list[str] = []
+        attempts = self.max_retries + 1
+        for attempt in range(1, attempts + 1):
+            member = await pool.acquire()
+            ref = member.actor.run.remote(example_id, example, dict(metadata), wanted)
+            try:
+                blob = await ref
+            except asyncio.CancelledError:
+                ray.cancel(ref)
+                pool.release(member)
+                raise
+            except _WORKER_LOST as error:
+                pool.lost(member)
+                causes.append(_summary(error))
+                if attempt < attempts:
+                    _log.warning(
+                        "arttrace: rollout of %r (%s) lost its Ray worker: %s; running it "
+                        "again on another worker (attempt %d of %d)",
+                        example_id,
+                        _slot(metadata),
+                        causes[-1],
+                        attempt + 1,
+                        attempts,
+                    )
+                    continue
+                return _failed(
+                    example_id,
+                    metadata,
+                    type(error).__name__,
+                    _exhausted(causes, self.max_retries),
+                    _trace(error),
+                    started,
+                )
+            except Exception as error:  # the actor call itself failed: not a lost worker
+                pool.release(member)
+                cause = getattr(error, "cause", None) or error
+                return _failed(
+                    example_id,
+                    metadata,
+                    type(cause).__name__,
+                    f"the rollout failed on its Ray worker: {_summary(error)}",
+                    _trace(error),
+                    started,
+                )
+            pool.release(member)
+            return thaw(blob)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- close -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill the actors; shut down the Ray instance :meth:`bind` started, if it did, once
+        no other RayExecutor uses it (idempotent)."""
+        global _users, _local
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if not self._connected:
+            return
+        self._connected = False
+        with _connection:
+            if self._shared:
+                _users -= 1
+                if _users == 0 and ray.is_initialized():
+                    ray.shutdown()
+                    _local = False
+
+
+def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """``runtime_env`` with its local folders and modules (``py_modules``, ``working_dir``)
+    uploaded to the cluster, as ``ray.init`` does for a job's: an actor's ``runtime_env``
+    takes only their URIs."""
+    if not (runtime_env.get("py_modules") or runtime_env.get("working_dir")):
+        return runtime_env
+    node = ray._private.worker.global_worker.node
+    if node is None:  # Ray Client: they are uploaded on the cluster's side
+        return runtime_env
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+        from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+        scratch = node.get_runtime_env_dir_path()
+        env = dict(runtime_env)
+        for upload in (upload_py_modules_if_needed, upload_working_dir_if_needed):
+            kwargs: dict[str, Any] = {"scratch_dir": scratch}
+            if "include_gitignore" in inspect.signature(upload).parameters:
+                kwargs["include_gitignore"] = True
+            env = upload(env, **kwargs)
+        env.pop("excludes", None)  # used by the upload only
+        return env
+    except Exception as error:
+        raise ConfigurationError(
+            f"could not send the local files of runtime_env={runtime_env!r} to the Ray "
+            f"cluster ({type(error).__name__}: {error}). Give this runtime_env to "
+            "ray.init(runtime_env=...) before building the Trainer instead, and no "
+            "runtime_env to RayExecutor"
+        ) from error
+
+
+def _slot(metadata: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {metadata[k]}" for k in ("split", "step", "rollout") if k in metadata)
+
+
+def _summary(error: BaseException) -> str:
+    """A Ray error in one line: its type and the sentences that say what happened."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    kept = [line for line in lines if (line and ":" not in line[:20]) or line.startswith("pid")]
+    text = " ".join(kept or lines)
+    text = text if len(text) <= 600 else text[:600] + "..."
+    return f"{type(error).__name__}: {text}"
+
+
+def _exhausted(causes: list[str], retries: int) -> str:
+    tries = "; ".join(f"try {i}: {cause}" for i, cause in enumerate(causes, 1))
+    return (
+        f"the Ray worker running this rollout died on each of its {len(causes)} tries "
+        f"(max_retries={retries}): {tries}. If a rollout kills its worker (memory, a crash "
+        "in native code), give it more (num_cpus, resources, larger nodes) or fix the "
+        "crash (the worker's log: ray logs); if nodes are being lost, raise max_retries"
+    )
+
+
+def _trace(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))

@@ -1,0 +1,120 @@
+"""One real Ray cluster for the tests: a head node and a worker node, each its own raylet and
+processes on 127.0.0.1, started once per session (it takes ~20 s on 2 cores) and torn down
+after.
+
+The nodes' worker processes can import the test modules (this folder is on their
+``PYTHONPATH``, as an agent's package is installed on real nodes); a module elsewhere is
+not importable there, as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+STARTUP_LIMIT = 120
+"""Seconds the cluster may take to start (a retry included) before the Ray tests fail."""
+
+_NODE = {"num_cpus": 4, "object_store_memory": 80 * 1024 * 1024}
+_HEAD = {
+    **_NODE,
+    "include_dashboard": False,
+    "no_monitor": True,  # no autoscaler, no log streaming: fewer processes to start
+    "include_log_monitor": False,
+}
+
+
+@dataclass
+class RayCluster:
+    cluster: Any
+    """The ``ray.cluster_utils.Cluster``."""
+    address: str
+    node_ids: tuple[str, str]
+    """The head node's id, then the worker node's."""
+    startup_seconds: float
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int, what: str) -> Iterator[None]:
+    """Fail with ``what`` if the block takes longer than ``seconds`` (main thread only)."""
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"{what} took more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session", name="ray_cluster")
+def ray_cluster_fixture() -> Iterator[RayCluster]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # Ray's socket paths must stay short
+    tests = str(Path(__file__).parent)
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+    cluster = None
+    started = time.perf_counter()
+    try:
+        # The nodes inherit this environment: no token auth on a loopback-only test cluster
+        # (nothing written to ~/.ray), and the test modules importable by their workers.
+        with (
+            _environ(RAY_AUTH_MODE="disabled", PYTHONPATH=path),
+            _deadline(STARTUP_LIMIT, "starting the test Ray cluster (head + 1 worker node)"),
+        ):
+            for attempt in (1, 2):
+                try:
+                    cluster = Cluster(
+                        initialize_head=True, head_node_args={**_HEAD, "temp_dir": temp}
+                    )
+                    worker = cluster.add_node(**_NODE)
+                    break
+                except Exception as error:  # Ray gives a raylet 30 s to register: a loaded host
+                    if cluster is not None:
+                        cluster.shutdown()
+                        cluster = None
+                    if attempt == 2 or "timed out during startup" not in str(error):
+                        raise
+            assert cluster is not None
+            cluster.wait_for_nodes(timeout=STARTUP_LIMIT)
+            ray.init(address=cluster.address, logging_level="WARNING")
+        head = cluster.head_node.node_id
+        yield RayCluster(
+            cluster, cluster.address, (head, worker.node_id), time.perf_counter() - started
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
