@@ -4,11 +4,13 @@ a refresh with nothing new, and query times.
 A synthetic Trainer folder is written from one real captured trajectory (the dry-run demo's
 calculator agent: a tool call, the tool's result, the answer; captured through the OpenAI
 shim from the scripted model over HTTP), varied run by run: example ids (1,000 examples, 16
-groups x 8 runs per step), rewards, the numbers in the question and the answer, a word from a
-2,000-word vocabulary in each question (for text search), ~1% of runs raising, ~4% with an
+groups x 8 runs per step), rewards, the numbers in the question and the answer, ~1% of runs
+raising, ~4% with an
 untrainable turn ("generation aborted") and ~2% with no policy turn. Each run's token arrays
-are stretched to ``--tokens`` tokens (prompt ids + sampled ids over its calls); each step has
-its ``metrics.jsonl`` line and ``shipped.json``.
+are stretched to ``--tokens`` tokens (prompt ids + sampled ids over its calls), and its user
+message and answer hold ~0.5 words per token, Zipf-drawn from a 2,000-word vocabulary (the
+text search's index grows with the text); each step has its ``metrics.jsonl`` line and
+``shipped.json``.
 
 Then, each in a fresh process (so its peak RSS is its own): indexing the folder from scratch
 (wall time, peak RSS as ``VmHWM``, index size after the last connection closed), a refresh with
@@ -38,6 +40,11 @@ import orjson
 GROUPS, GROUP_SIZE = 16, 8
 EXAMPLES = 1000
 VOCABULARY = [f"{a}{b}" for a in ("zeb", "kor", "mal", "tin", "pra") for b in range(400)]
+_ZIPF = [1 / rank for rank in range(1, len(VOCABULARY) + 1)]
+TEXT_WORDS = 0.5
+"""Words of message text per token of the run (prompts and samples): each run's user message
+and answer are padded with vocabulary words to about this many (a 1,000-token run holds ~500
+words of text for the search index, most of an agent's prompt being messages)."""
 
 
 def template() -> dict[str, Any]:
@@ -61,16 +68,16 @@ def template() -> dict[str, Any]:
 
 
 def stretch(trajectory: dict[str, Any], tokens: int) -> dict[str, Any]:
-    """The run with each call's prompt and sampled ids repeated to ~``tokens`` in all."""
+    """The run with each call's prompt and sampled ids (and logprobs) cycled to ~``tokens``
+    in all, in the same proportions."""
     t = copy.deepcopy(trajectory)
     calls = t["calls"]
     now = sum(len(c["prompt_token_ids"]) + len(c["choices"][0]["token_ids"]) for c in calls)
-    factor = max(1, round(tokens / now))
     for call in calls:
-        call["prompt_token_ids"] = call["prompt_token_ids"] * factor
+        call["prompt_token_ids"] = _cycled(call["prompt_token_ids"], tokens / now)
         choice = call["choices"][0]
-        choice["token_ids"] = choice["token_ids"] * factor
-        choice["logprobs"] = choice["logprobs"] * factor
+        choice["token_ids"] = _cycled(choice["token_ids"], tokens / now)
+        choice["logprobs"] = _cycled(choice["logprobs"], tokens / now)
         call["usage"] = {
             "prompt_tokens": len(call["prompt_token_ids"]),
             "completion_tokens": len(choice["token_ids"]),
@@ -79,11 +86,22 @@ def stretch(trajectory: dict[str, Any], tokens: int) -> dict[str, Any]:
     return t
 
 
+def _cycled(values: list[Any], factor: float) -> list[Any]:
+    n = max(1, round(len(values) * factor))
+    return (values * (n // len(values) + 1))[:n]
+
+
+def _words(rng: random.Random, n: int) -> list[str]:
+    """``n`` words of the vocabulary, Zipf-distributed as words of text are."""
+    return rng.choices(VOCABULARY, weights=_ZIPF, k=n)
+
+
 def write_run(folder: Path, runs: int, tokens: int, seed: int = 0) -> dict[str, float]:
     """A Trainer folder of ``runs`` journaled runs; returns its size figures."""
     rng = random.Random(seed)
     base = stretch(template(), tokens)
     per_step = GROUPS * GROUP_SIZE
+    text_words = round(TEXT_WORDS * tokens)
     steps = -(-runs // per_step)
     if folder.exists():
         shutil.rmtree(folder)
@@ -105,12 +123,13 @@ def write_run(folder: Path, runs: int, tokens: int, seed: int = 0) -> dict[str, 
                 for i in range(count):
                     position, k = divmod(i, GROUP_SIZE)
                     a, b = rng.randrange(100), rng.randrange(100)
-                    word = rng.choice(VOCABULARY)
-                    question["content"] = f"What is {a}+{b}? Think of {word}."
+                    words = _words(rng, text_words)
+                    cut = len(words) // 5
+                    question["content"] = f"What is {a}+{b}? {' '.join(words[:cut])}"
                     second["messages"][1]["content"] = question["content"]
                     arguments["arguments"] = json.dumps({"a": a, "b": b})
                     tool["content"] = str(a + b)
-                    answer["content"] = f"The answer is {a + b}."
+                    answer["content"] = f"The answer is {a + b}. {' '.join(words[cut:])}"
                     reward = rng.choice((0.0, 0.5, 1.0))
                     roll = rng.random()
                     base["exception"] = (
@@ -179,15 +198,16 @@ def child_index(folder: Path) -> dict[str, Any]:
     from arttrace.store import open_run
 
     before = _rss_mb()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     store = open_run(folder)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     runs = store.count()
     store.close()
     index = folder / ".arttrace-index.sqlite"
     size = sum(p.stat().st_size for p in folder.glob(".arttrace-index.sqlite*") if p.exists())
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "runs": runs,
         "rss_before_mb": before,
         "peak_rss_mb": _peak_rss_mb(),
@@ -203,6 +223,7 @@ def child_queries(folder: Path, repeat: int) -> dict[str, Any]:
     store = open_run(folder)
     opened = time.perf_counter() - started
     last = store.steps()[-1].step
+    examples = min(EXAMPLES, (last + 1) * GROUPS)
     ids = [r.id for r in store.trajectories(step=last // 2, limit=50)]
     rng = random.Random(1)
     cases: dict[str, Any] = {
@@ -210,8 +231,9 @@ def child_queries(folder: Path, repeat: int) -> dict[str, Any]:
         "count()": lambda: store.count(),
         "count(min_reward=0.5)": lambda: store.count(min_reward=0.5),
         "count(cause=...)": lambda: store.count(cause="generation aborted"),
-        "count(text=rare word)": lambda: store.count(text=rng.choice(VOCABULARY)),
-        "count(text=common word)": lambda: store.count(text="answer"),
+        "count(text=rare word)": lambda: store.count(text=rng.choice(VOCABULARY[1000:])),
+        "count(text=common word)": lambda: store.count(text=VOCABULARY[0]),
+        "count(text=word in every run)": lambda: store.count(text="answer"),
         "trajectories(step=s)": lambda: store.trajectories(step=rng.randrange(last + 1)),
         "trajectories() first page": lambda: store.trajectories(limit=50),
         "trajectories(offset=deep)": lambda: store.trajectories(limit=50, offset=50_000),
@@ -219,14 +241,17 @@ def child_queries(folder: Path, repeat: int) -> dict[str, Any]:
             min_reward=1.0, order="-reward", limit=50
         ),
         "trajectories(example_id=...)": lambda: store.trajectories(
-            example_id=f"ex-{rng.randrange(EXAMPLES)}"
+            example_id=f"ex-{rng.randrange(examples)}"
         ),
         "trajectories(cause=...)": lambda: store.trajectories(cause="generation aborted", limit=50),
         "trajectories(text=rare word)": lambda: store.trajectories(
-            text=rng.choice(VOCABULARY), limit=50
+            text=rng.choice(VOCABULARY[1000:]), limit=50
+        ),
+        "trajectories(text=two common words)": lambda: store.trajectories(
+            text=f"{VOCABULARY[0]} {VOCABULARY[1]}", limit=50
         ),
         "trajectories(text=rare word, min_reward=0.5)": lambda: store.trajectories(
-            text=rng.choice(VOCABULARY), min_reward=0.5, limit=50
+            text=rng.choice(VOCABULARY[1000:]), min_reward=0.5, limit=50
         ),
         "groups(step)": lambda: store.groups(rng.randrange(last + 1)),
         "steps()": lambda: store.steps(),
@@ -286,7 +311,8 @@ def main() -> None:
     common = ["--runs", str(args.runs), "--dir", str(args.dir), "--repeat", str(args.repeat)]
     built = _child([*common, "--child", "index"])
     print(
-        f"index built in {built['seconds']:.1f} s ({built['runs'] / built['seconds']:.0f} runs/s, "
+        f"index built in {built['seconds']:.1f} s, {built['cpu_seconds']:.1f} s of CPU "
+        f"({built['runs'] / built['seconds']:.0f} runs/s, "
         f"{size['bytes'] / 2**20 / built['seconds']:.0f} MiB/s); index {built['index_mb']:.1f} "
         f"MiB ({built['index_mb'] * 2**20 / built['runs']:.0f} bytes per run); peak RSS "
         f"{built['peak_rss_mb']:.0f} MiB (after imports {built['rss_before_mb']:.0f} MiB)",

@@ -240,7 +240,7 @@ def _steps(store: RunStore, out: _Output) -> None:
 
 
 def _groups(store: RunStore, step: int | None, out: _Output) -> None:
-    steps = [step] if step is not None else _all_steps(store)
+    steps = [step] if step is not None else store.journal_steps()
     for s in steps:
         for g in store.groups(s):
             if out.json:
@@ -260,11 +260,6 @@ def _groups(store: RunStore, step: int | None, out: _Output) -> None:
                 },
                 labelled=False,
             )
-
-
-def _all_steps(store: RunStore) -> list[int]:
-    rows = store._query("SELECT DISTINCT step FROM runs WHERE step IS NOT NULL ORDER BY step")
-    return [int(step) for (step,) in rows]
 
 
 def _summary(store: RunStore) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections import Counter
 from pathlib import Path
@@ -22,8 +23,8 @@ from ._rows import GroupRow, Kind, RunSummary, StepRow, TrajectoryRow, Validatio
 ORDERS = {
     "step": "runs.step, position, rollout, runs.id",
     "-step": "runs.step DESC, position, rollout, runs.id",
-    "reward": "reward IS NULL, reward, runs.id",
-    "-reward": "reward IS NULL, reward DESC, runs.id",
+    "reward": "reward NULLS LAST, runs.id",
+    "-reward": "reward DESC, runs.id DESC",
     "id": "runs.id",
     "-id": "runs.id DESC",
 }
@@ -35,6 +36,8 @@ _COLUMNS = (
     "runs.set_aside"
 )
 _FROM = "runs JOIN files ON files.id = runs.file_id"
+_TOKEN = re.compile(r"[^\W_]+")
+"""A token as SQLite's unicode61 tokenizer sees one: a run of letters and digits."""
 
 
 def open_run(path: str | os.PathLike[str]) -> RunStore:
@@ -69,6 +72,10 @@ class RunStore:
         self.problems: list[str] = []
         """Saved files left out at the last refresh, and why (not JSON, not a trajectory)."""
         self._lock = threading.RLock()
+        self._parsed: dict[str, tuple[tuple[int, int, float], list[dict[str, Any]]]] = {}
+        """Parsed metrics and validation lines, and what they were parsed from."""
+        self._paths: dict[str, Path] = {}
+        """Each journal file's path, made once (rows of one file share it)."""
         self._index = Index(self.root, self.path.name if self._single else None)
 
     @property
@@ -123,8 +130,15 @@ class RunStore:
     # -- steps and validations ---------------------------------------------------------------
 
     def _records(self, kind: str) -> list[dict[str, Any]]:
-        rows = self._query("SELECT record FROM lines WHERE file = ? ORDER BY line", (kind,))
-        return [_loads(record) for (record,) in rows]
+        """The lines of ``metrics.jsonl`` or ``validation.jsonl``, parsed once per change."""
+        ((count, last, size),) = self._query(
+            "SELECT count(*), max(line), total(length(record)) FROM lines WHERE file = ?", (kind,)
+        )
+        cached = self._parsed.get(kind)
+        if cached is None or cached[0] != (count, last, size):
+            rows = self._query("SELECT record FROM lines WHERE file = ? ORDER BY line", (kind,))
+            cached = self._parsed[kind] = ((count, last, size), [_loads(r) for (r,) in rows])
+        return cached[1]
 
     def steps(self) -> list[StepRow]:
         """One row per line of ``metrics.jsonl``, by step (a step recorded twice: its last)."""
@@ -156,7 +170,9 @@ class RunStore:
         ``offset`` (``limit=None``: all)."""
         if order not in ORDERS:
             raise ConfigurationError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
+        where, params = self._where(
+            step, split, example_id, min_reward, max_reward, cause, text, listing=True
+        )
         sql = f"SELECT {_COLUMNS} FROM {_FROM}{where} ORDER BY {ORDERS[order]} LIMIT ? OFFSET ?"
         rows = self._query(sql, [*params, -1 if limit is None else limit, offset])
         return [self._row(row) for row in rows]
@@ -173,9 +189,10 @@ class RunStore:
         text: str | None = None,
     ) -> int:
         """How many runs pass the filters. ``text``: every word of it appears in the run's
-        messages (user, assistant and tool contents, tool call names and arguments; not the
-        system prompt); with FTS5, whole words (``word*`` for a prefix), case- and
-        accent-insensitive; without, substrings."""
+        messages (user, assistant and tool contents, tool call names and arguments, reasoning;
+        not the system prompt). With FTS5, words as SQLite's tokenizer splits them (runs of
+        letters and digits: ``"1+2"`` is ``1`` and ``2``, anywhere), case- and accent-
+        insensitive, ``word*`` a prefix; without FTS5, substrings, case-insensitive for ASCII."""
         where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
         return int(self._query(f"SELECT count(*) FROM runs{where}", params)[0][0])
 
@@ -188,6 +205,8 @@ class RunStore:
         max_reward: float | None,
         cause: str | None,
         text: str | None,
+        *,
+        listing: bool = False,
     ) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
@@ -197,15 +216,25 @@ class RunStore:
             ("example_id = ?", example_id),
             ("reward >= ?", min_reward),
             ("reward <= ?", max_reward),
-            ("runs.id IN (SELECT run_id FROM causes WHERE cause = ?)", cause),
+            (
+                f"{'+' if listing else ''}runs.id IN (SELECT run_id FROM causes WHERE cause = ?)",
+                cause,
+            ),
         ):
             if value is not None:
                 clauses.append(clause)
                 params.append(value)
         words = (text or "").split()
         if words and self._index.mode == "fts5":
-            clauses.append("runs.id IN (SELECT rowid FROM texts WHERE texts MATCH ?)")
-            params.append(" ".join(_fts_word(w) for w in words))
+            query = _fts_query(words)
+            # In a listing, "+" keeps SQLite on the order's index, testing each run against the
+            # matches, rather than sorting every match: a word in most runs costs no sort.
+            plus = "+" if listing else ""
+            if query:
+                clauses.append(f"{plus}runs.id IN (SELECT rowid FROM texts WHERE texts MATCH ?)")
+                params.append(query)
+            else:
+                clauses.append("0")  # only punctuation: no word to find
         elif words:
             for word in words:
                 clauses.append("runs.id IN (SELECT rowid FROM texts WHERE body LIKE ? ESCAPE '\\')")
@@ -213,14 +242,31 @@ class RunStore:
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
     def _row(self, row: tuple[Any, ...]) -> TrajectoryRow:
-        (*head, causes, sources, started, ended, path, start, length, set_aside) = row
+        (
+            row_id, step, position, rollout, split, example_id, reward, exception_type,
+            exception_message, policy_step, calls, trainable_turns, completion_tokens,
+            tokens, causes, sources, started, ended, path, start, length, set_aside,
+        ) = row  # fmt: skip
         return TrajectoryRow(
-            *head,
+            id=row_id,
+            step=step,
+            position=position,
+            rollout=rollout,
+            split=split,
+            example_id=example_id,
+            reward=reward,
+            exception_type=exception_type,
+            exception_message=exception_message,
+            policy_step=policy_step,
+            calls=calls,
+            trainable_turns=trainable_turns,
+            completion_tokens=completion_tokens,
+            trainable_tokens=tokens,
             causes=tuple(causes.split(SEPARATOR)) if causes else (),
             sources=tuple(sources.split(SEPARATOR)) if sources else (),
             started_at=started,
             ended_at=ended,
-            file=self.root / path,
+            file=self._paths.get(path) or self._paths.setdefault(path, self.root / path),
             offset=start,
             length=length,
             set_aside=bool(set_aside),
@@ -242,9 +288,11 @@ class RunStore:
                 file.seek(row.offset)
                 data = file.read(row.length)
             record = _loads(data)
-            trajectory = record if self.kind == "saved" else record["trajectory"]
+            trajectory = record if row.step is None else record["trajectory"]
             if not isinstance(trajectory, dict):
                 raise TypeError("not an object")
+            if row.step is not None and record["slot"] != [row.position, row.rollout]:
+                raise ValueError(f"slot {record['slot']} where the index has another")
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise JournalError(
                 f"{row.file} changed since it was indexed (run {row_id} at byte {row.offset} "
@@ -255,6 +303,11 @@ class RunStore:
     def trajectory(self, row_id: int) -> Trajectory:
         """Run ``row_id`` whole (its calls, tokens and logprobs), read from its line alone."""
         return Trajectory.from_dict(self.trajectory_dict(row_id))
+
+    def journal_steps(self) -> list[int]:
+        """The steps with journaled runs, in order (a gateway's journal has no metrics line)."""
+        rows = self._query("SELECT DISTINCT step FROM runs WHERE step IS NOT NULL ORDER BY step")
+        return [int(step) for (step,) in rows]
 
     def causes(self) -> dict[str, int]:
         """Each untrainable cause and how many runs have it, most common first."""
@@ -443,11 +496,16 @@ def _most_common(causes: list[str]) -> str:
     return cause if count == total else f"{cause} ({count} of {total} causes)"
 
 
-def _fts_word(word: str) -> str:
-    """A word as an FTS5 string (any punctuation kept literal); ``word*`` stays a prefix."""
-    prefix = word.endswith("*") and len(word) > 1
-    body = word[:-1] if prefix else word
-    return '"' + body.replace('"', '""') + '"' + ("*" if prefix else "")
+def _fts_query(words: list[str]) -> str:
+    """The FTS5 query for ``words``: each token of each word (what SQLite's unicode61
+    tokenizer splits them into: letters and digits), all required; ``word*`` is a prefix."""
+    terms = []
+    for word in words:
+        tokens = _TOKEN.findall(word)
+        terms.extend(f'"{t}"' for t in tokens)
+        if tokens and word.endswith("*"):
+            terms[-1] += "*"
+    return " ".join(terms)
 
 
 def _like_escaped(word: str) -> str:
