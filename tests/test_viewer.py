@@ -511,8 +511,12 @@ def test_an_unreadable_folder_says_whose_it_is(tmp_path):
 
 def test_the_viewer_is_read_only_and_answers_only_to_its_own_name(viewer):
     with httpx.Client(base_url=viewer.url) as client:
-        assert client.get("/").status_code == 200
-        assert "uPlot" in client.get("/static/vendor/uplot/uPlot.iife.min.js").text
+        index = client.get("/")
+        assert index.status_code == 200 and index.headers["cache-control"] == "no-cache"
+        script = re.search(r'src="(static/\w+/vendor/uplot/uPlot.iife.min.js)"', index.text)
+        assert script, index.text
+        kept = client.get("/" + script.group(1))  # its URL names its version: kept for good
+        assert "uPlot" in kept.text and "immutable" in kept.headers["cache-control"]
         for method in ("POST", "PUT", "PATCH", "DELETE"):
             answer = client.request(method, "/api/runs")
             assert answer.status_code == 405, method

@@ -20,7 +20,9 @@ The API (JSON; ``r`` is a folder's place in the command line, from 0)::
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -31,7 +33,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
@@ -50,6 +52,30 @@ _ALLOW = {"allow": "GET, HEAD"}
 _ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
 """The store's orders (``arttrace.store.ORDERS``; ``-``: descending)."""
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+class _Kept(StaticFiles):
+    """The pages' files, kept by the browser: their URL holds :func:`_version` of them, so a
+    changed file has a new URL (no stale script after an upgrade, no revalidation before)."""
+
+    def file_response(
+        self, full_path: Any, stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        response.headers["cache-control"] = "public, max-age=31536000, immutable"
+        return response
+
+
+def _version() -> str:
+    """A name for this set of static files (their names, sizes and modification times)."""
+    digest = hashlib.sha256()
+    for path in sorted(_STATIC.rglob("*")):
+        if path.is_file():
+            status = path.stat()
+            digest.update(
+                f"{path.relative_to(_STATIC)}:{status.st_size}:{status.st_mtime_ns};".encode()
+            )
+    return digest.hexdigest()[:12]
 
 
 class ApiError(Exception):
@@ -81,6 +107,9 @@ class Viewer:
         self.host, self.port = host, port
         self.runs = Runs(paths) if refresh_seconds is None else Runs(paths, refresh_seconds)
         self.allowed_hosts: set[str] = set()
+        version = _version()
+        self.static = f"static/{version}/"
+        self._page = (_STATIC / "index.html").read_text().replace('"static/', f'"{self.static}')
         routes = [
             Route("/", self._index),
             Route("/api/runs", self._list),
@@ -95,7 +124,7 @@ class Viewer:
             ),
             Route("/api/runs/{r:int}/causes", self._causes),
             Route("/api/{rest:path}", self._no_route),
-            Mount("/static", StaticFiles(directory=_STATIC), name="static"),
+            Mount(f"/static/{version}", _Kept(directory=_STATIC), name="static"),
         ]
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
         self.server: ServerThread | None = None
@@ -153,7 +182,11 @@ class Viewer:
     # -- pages -----------------------------------------------------------------------------
 
     async def _index(self, request: Request) -> Response:
-        return FileResponse(_STATIC / "index.html", headers={"cache-control": "no-cache"})
+        """The page, with ``/api/runs``'s answer in it (the app's first question)."""
+        runs = orjson.dumps(self._listing()).replace(b"</", b"<\\/").decode()
+        script = f'<script id="runs-now" type="application/json">{runs}</script>'
+        page = self._page.replace("</body>", f"  {script}\n</body>")
+        return HTMLResponse(page, headers={"cache-control": "no-cache"})
 
     async def _no_route(self, request: Request) -> Response:
         return _json({"error": f"no API route {request.url.path}"}, 404)
@@ -167,28 +200,29 @@ class Viewer:
     # -- the API ---------------------------------------------------------------------------
 
     async def _list(self, request: Request) -> Response:
+        return _json(self._listing())
+
+    def _listing(self) -> dict[str, Any]:
         now = time.monotonic()
-        return _json(
-            {
-                "runs": [
-                    {
-                        "index": s.index,
-                        "path": str(s.path),
-                        "label": s.label,
-                        "kind": s.kind,
-                        "state": s.state,
-                        "version": s.version,
-                        "problem": None
-                        if s.problem is None
-                        else {"message": s.problem.message, "fix": s.problem.fix},
-                        "opening_seconds": round(now - s.opening_since, 1)
-                        if s.state == "opening"
-                        else None,
-                    }
-                    for s in self.runs.slots
-                ]
-            }
-        )
+        return {
+            "runs": [
+                {
+                    "index": s.index,
+                    "path": str(s.path),
+                    "label": s.label,
+                    "kind": s.kind,
+                    "state": s.state,
+                    "version": s.version,
+                    "problem": None
+                    if s.problem is None
+                    else {"message": s.problem.message, "fix": s.problem.fix},
+                    "opening_seconds": round(now - s.opening_since, 1)
+                    if s.state == "opening"
+                    else None,
+                }
+                for s in self.runs.slots
+            ]
+        }
 
     async def _overview(self, request: Request) -> Response:
         return await self._answer(

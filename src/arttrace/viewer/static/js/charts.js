@@ -46,13 +46,26 @@ export class Chart {
       note ? h("p", { class: "muted small", text: note }) : null,
       this.box,
     );
+    this.pending = null;
     this.resize = new ResizeObserver(() => {
-      if (this.plot && this.box.clientWidth) this.plot.setSize({ width: this.box.clientWidth, height: this.height });
+      const width = this.box.clientWidth;
+      if (!width) return;
+      if (this.pending) {
+        const series = this.pending;
+        this.pending = null;
+        this.set(series);
+      } else if (this.plot && width !== this.plot.width) {
+        this.plot.setSize({ width, height: this.height });
+      }
     });
     this.resize.observe(this.box);
   }
 
   set(series) {
+    if (!this.box.clientWidth) {
+      this.pending = series; // drawn once laid out, at its width (one draw, not two)
+      return;
+    }
     series = series.filter((s) => s.points.length);
     if (!series.length) {
       this.destroy();
@@ -72,7 +85,7 @@ export class Chart {
     const many = data[0].length;
     this.plot = new uPlot(
       {
-        width: this.box.clientWidth || 600,
+        width: this.box.clientWidth,
         height: this.height,
         scales: { x: { time: false } },
         cursor: { drag: { x: true, y: false, setScale: true }, points: { size: 8 } },

@@ -61,7 +61,12 @@ export async function renderFind(box, route, app) {
       return;
     }
     try {
-      const causes = (await get(`runs/${runIndex}/causes`)).causes;
+      const offset = Number(p.offset || 0);
+      const [listed, found] = await Promise.all([
+        get(`runs/${runIndex}/causes`),
+        get(`runs/${runIndex}/trajectories`, { ...p, run: null, offset, limit: LIMIT }),
+      ]);
+      const causes = listed.causes;
       fill(
         causeSelect,
         h("option", { value: "", text: "any" }),
@@ -70,8 +75,6 @@ export async function renderFind(box, route, app) {
           .map(([cause, n]) => h("option", { value: cause, text: `${cause} (${num(n)} runs)`, selected: cause === p.cause })),
       );
       if (p.cause && !(p.cause in causes)) causeSelect.append(h("option", { value: p.cause, text: `${p.cause} (0 runs)`, selected: true }));
-      const offset = Number(p.offset || 0);
-      const found = await get(`runs/${runIndex}/trajectories`, { ...p, run: null, offset, limit: LIMIT });
       fill(
         results,
         h("p", { class: "found", dataset: { total: found.total } }, h("i", { class: "swatch", style: `background:${colorOf(runIndex)}` }), h("b", { text: `${num(found.total)} run${found.total === 1 ? "" : "s"}` }), " found"),

@@ -39,6 +39,7 @@ const PAGES = {
 };
 
 async function show() {
+  const started = app.token === 0 ? 0 : performance.now(); // the first: since navigation began
   const token = ++app.token;
   if (app.view && app.view.close) app.view.close();
   app.view = null;
@@ -59,7 +60,12 @@ async function show() {
   }
   main.replaceChildren(box);
   app.view = view || null;
+  // Drawn: the frame after the page was put in (its charts draw once laid out) has begun.
+  await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+  if (token !== app.token) return;
   document.body.dataset.ready = r.page;
+  document.body.dataset.rendered = String(token);
+  document.body.dataset.drawnMs = (performance.now() - started).toFixed(1);
 }
 
 function drawFolders() {
@@ -119,7 +125,8 @@ async function poll() {
 
 async function start() {
   try {
-    app.runs = (await get("runs")).runs;
+    const given = document.getElementById("runs-now"); // the server's answer, in the page
+    app.runs = given ? JSON.parse(given.textContent).runs : (await get("runs")).runs;
   } catch (error) {
     document.getElementById("main").replaceChildren(problemBox("The viewer does not answer", error.message, error.fix));
     return;
