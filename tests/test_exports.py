@@ -275,6 +275,9 @@ def test_sft_best_per_group_reads_back_in_art_and_datasets(
         labels = tensors["labels"][0]
         trained = tokenizer.decode(labels[labels != -100])
         assert line["messages"][-1]["content"] in trained  # the policy's last turn is learned
+        for message in line["messages"]:  # and its tool calls, as the chat template renders them
+            for call in message.get("tool_calls", []):
+                assert f'"name": "{call["function"]["name"]}"' in trained
 
     dataset = load_dataset("json", data_files=str(out), split="train", cache_dir=str(tmp_path))
     assert [without_nulls(row) for row in dataset] == expected

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from ..capture._conversations import Conversation, Turn
 from ..capture._records import COMPLETE
-from ..capture._redact import _redacted
+from ..capture._redact import redact
 from ..capture._trajectory import Trajectory
 
 
@@ -26,8 +28,8 @@ def messages(conversation: Conversation, end: int | None = None) -> list[dict[st
     """The conversation's messages (its first ``end`` items) as ``Trajectory.messages()``
     renders ``to_art()``'s: a trainable turn (an ART ``Choice``) as ``role``, ``content`` and
     its ``tool_calls``; any other message as recorded, its null content as ``""``. Keys whose
-    value is null are left out (absent and null mean the same in the OpenAI format), and text
-    shaped like a key is redacted, as the journal's error texts are."""
+    value is null are left out (absent and null mean the same in the OpenAI format). Not yet
+    redacted: :func:`redacted_json` redacts the text written."""
     out = []
     for item in conversation.items[:end]:
         if isinstance(item, Turn) and item.trainable:
@@ -39,12 +41,15 @@ def messages(conversation: Conversation, end: int | None = None) -> list[dict[st
             message = dict(item.choice.message if isinstance(item, Turn) else item)
         if message.get("content") is None:
             message["content"] = ""
-        out.append(_redacted({k: v for k, v in message.items() if v is not None}))
+        out.append({k: v for k, v in message.items() if v is not None})
     return out
 
 
-def tools(conversation: Conversation) -> list[dict[str, Any]] | None:
-    return None if conversation.tools is None else _redacted(conversation.tools)
+def redacted_json(value: Any) -> str:
+    """``value`` as JSON text, text shaped like a key (and every secret this process has seen)
+    redacted, as the journal's error texts are: one pass over the whole text, which a
+    replacement (``[redacted]``, no quote or backslash) leaves valid JSON."""
+    return redact(orjson.dumps(value).decode())
 
 
 def policy_turn(item: object) -> bool:

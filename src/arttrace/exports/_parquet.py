@@ -32,11 +32,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .._errors import ConfigurationError
 from ..capture._conversations import Turn
-from ..capture._redact import _redacted, redact
+from ..capture._redact import redact
 from . import _history
 from ._source import Run, Selection, Split, selected
 from ._summary import ExportSummary, check_out, private_file
@@ -136,11 +134,11 @@ class _RowGroup:
             "sequence_lengths": tokens.sequence_lengths,
             "turns": _turns(conversations, tokens.offsets),
             "messages": _json([] if main is None else _history.messages(main)),
-            "tools": None if main is None or main.tools is None else _json(_history.tools(main)),
+            "tools": None if main is None or main.tools is None else _json(main.tools),
             "additional_histories": _json(
-                [{"messages": _history.messages(c), "tools": _history.tools(c)} for c in others]
+                [{"messages": _history.messages(c), "tools": c.tools} for c in others]
             ),
-            "metadata": _json(_redacted(trajectory.metadata)),
+            "metadata": _json(trajectory.metadata),
             "metrics": _json(trajectory.metrics),
         }
         for name, column in self.plain.items():
@@ -218,7 +216,7 @@ def _text(value: Any) -> str | None:
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return _history.redacted_json(value)
 
 
 def export_parquet(

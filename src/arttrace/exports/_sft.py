@@ -27,8 +27,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .._errors import ConfigurationError
 from ..capture._trajectory import Trajectory
 from . import _history
@@ -37,16 +35,16 @@ from ._summary import ExportSummary, check_out, private_file
 
 
 def sft_lines(trajectory: Trajectory) -> list[dict[str, Any]]:
-    """The run's SFT lines: one per conversation with a policy turn, the main one first."""
+    """The run's SFT lines: one per conversation with a policy turn, the main one first (not
+    redacted: the export redacts the text it writes)."""
     lines = []
     for conversation in _history.histories(trajectory):
         end = _history.last_policy_turn(conversation)
         if end is None:
             continue
         line: dict[str, Any] = {"messages": _history.messages(conversation, end + 1)}
-        tools = _history.tools(conversation)
-        if tools is not None:
-            line["tools"] = tools
+        if conversation.tools is not None:
+            line["tools"] = conversation.tools
         lines.append(line)
     return lines
 
@@ -77,7 +75,7 @@ def export_sft(
                 continue
             summary.runs += 1
             summary.rows += len(lines)
-            file.write(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+            file.write("".join(_history.redacted_json(line) + "\n" for line in lines).encode())
     summary.bytes = out.stat().st_size
     summary.seconds = time.perf_counter() - started
     return summary
