@@ -639,8 +639,8 @@ def big_run(trained: Path, tmp_path: Path, runs: int) -> Path:
 def test_processes_share_an_index_and_a_killed_one_leaves_it_usable(
     trained: Path, tmp_path: Path
 ) -> None:
-    run = big_run(trained, tmp_path, 6000)
-    expected = 6000 + 28
+    run = big_run(trained, tmp_path, 3000)
+    expected = 3000 + 28
     killed = _index_in_a_process(run)
     index = run / ".arttrace-index.sqlite"
     deadline = time.monotonic() + 60

@@ -42,7 +42,7 @@ examples:
 
 def add_runs_command(
     subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
-) -> argparse.ArgumentParser:
+) -> None:
     """Register ``runs`` on the ``arttrace`` command's subparsers."""
     # The shared layout, with the examples' line breaks kept.
     formatter = type("RunsFormatter", (formatter_class, argparse.RawDescriptionHelpFormatter), {})
@@ -113,7 +113,6 @@ def add_runs_command(
     parser.add_argument("--offset", type=int, default=0, help="skip this many runs first")
     parser.add_argument("--json", action="store_true", help="JSON lines: one object per row")
     parser.set_defaults(run=run_runs)
-    return parser
 
 
 def run_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -9,6 +9,7 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -72,8 +73,8 @@ class RunStore:
         self.problems: list[str] = []
         """Saved files left out at the last refresh, and why (not JSON, not a trajectory)."""
         self._lock = threading.RLock()
-        self._parsed: dict[str, tuple[tuple[int, int, float], list[dict[str, Any]]]] = {}
-        """Parsed metrics and validation lines, and what they were parsed from."""
+        self._parsed: dict[str, tuple[tuple[int, int, float], list[Any]]] = {}
+        """Rows of the metrics and validation lines, and the lines' figures they came from."""
         self._paths: dict[str, Path] = {}
         """Each journal file's path, made once (rows of one file share it)."""
         self._index = Index(self.root, self.path.name if self._single else None)
@@ -129,25 +130,26 @@ class RunStore:
 
     # -- steps and validations ---------------------------------------------------------------
 
-    def _records(self, kind: str) -> list[dict[str, Any]]:
-        """The lines of ``metrics.jsonl`` or ``validation.jsonl``, parsed once per change."""
+    def _records[R](self, kind: str, row: Callable[[dict[str, Any]], R]) -> list[R]:
+        """``row`` of each line of ``metrics.jsonl`` or ``validation.jsonl``, in order, made
+        once per change of the file's indexed lines."""
         ((count, last, size),) = self._query(
             "SELECT count(*), max(line), total(length(record)) FROM lines WHERE file = ?", (kind,)
         )
         cached = self._parsed.get(kind)
         if cached is None or cached[0] != (count, last, size):
             rows = self._query("SELECT record FROM lines WHERE file = ? ORDER BY line", (kind,))
-            cached = self._parsed[kind] = ((count, last, size), [_loads(r) for (r,) in rows])
-        return cached[1]
+            cached = self._parsed[kind] = ((count, last, size), [row(_loads(r)) for (r,) in rows])
+        return list(cached[1])
 
     def steps(self) -> list[StepRow]:
         """One row per line of ``metrics.jsonl``, by step (a step recorded twice: its last)."""
-        by_step = {int(m.get("step", -1)): m for m in self._records("metrics")}
-        return [StepRow.from_metrics(by_step[s]) for s in sorted(by_step)]
+        by_step = {s.step: s for s in self._records("metrics", StepRow.from_metrics)}
+        return [by_step[s] for s in sorted(by_step)]
 
     def validations(self) -> list[ValidationRow]:
         """One row per line of ``validation.jsonl``, in order."""
-        return [ValidationRow.from_metrics(m) for m in self._records("validation")]
+        return self._records("validation", ValidationRow.from_metrics)
 
     # -- trajectories ----------------------------------------------------------------------
 
@@ -499,7 +501,7 @@ def _most_common(causes: list[str]) -> str:
 def _fts_query(words: list[str]) -> str:
     """The FTS5 query for ``words``: each token of each word (what SQLite's unicode61
     tokenizer splits them into: letters and digits), all required; ``word*`` is a prefix."""
-    terms = []
+    terms: list[str] = []
     for word in words:
         tokens = _TOKEN.findall(word)
         terms.extend(f'"{t}"' for t in tokens)
