@@ -513,9 +513,10 @@ def test_the_viewer_is_read_only_and_answers_only_to_its_own_name(viewer):
     with httpx.Client(base_url=viewer.url) as client:
         index = client.get("/")
         assert index.status_code == 200 and index.headers["cache-control"] == "no-cache"
-        script = re.search(r'src="(static/\w+/vendor/uplot/uPlot.iife.min.js)"', index.text)
-        assert script, index.text
-        kept = client.get("/" + script.group(1))  # its URL names its version: kept for good
+        static = re.search(r'href="(static/\w+/)vendor/uplot/uPlot.min.css"', index.text)
+        assert static, index.text
+        kept = client.get(f"/{static.group(1)}vendor/uplot/uPlot.iife.min.js")  # versioned URL:
+        # the browser keeps it for good (a new version of the files has a new URL)
         assert "uPlot" in kept.text and "immutable" in kept.headers["cache-control"]
         for method in ("POST", "PUT", "PATCH", "DELETE"):
             answer = client.request(method, "/api/runs")

@@ -225,9 +225,16 @@ class Viewer:
         }
 
     async def _overview(self, request: Request) -> Response:
-        return await self._answer(
-            request, lambda store: _present.overview(store.steps(), store.validations())
-        )
+        metric = request.query_params.get("metric") or None
+
+        def query(store: RunStore) -> dict[str, Any]:
+            data = _present.overview(store.steps(), store.validations(), metric)
+            last = store.trajectories(order="-step", limit=1)
+            data["runs"] = store.count()
+            data["last_journal_step"] = last[0].step if last else None
+            return data
+
+        return await self._answer(request, query)
 
     async def _step(self, request: Request) -> Response:
         step = int(request.path_params["step"])

@@ -45,6 +45,8 @@ _STEP_COLUMNS = (
     "train_seconds",
     "off_policy_steps_mean",
 )
+_WHY_DROPPED = ("groups_without_trainable_tokens", "groups_excluded_by_curriculum")
+"""The Trainer's counts of groups with learning signal that did not ship, and why."""
 _VALIDATION_COLUMNS = ("step", "reward_mean", "reward_std", "examples", "exceptions")
 NOT_A_POLICY_TURN = "not a policy turn: made outside every @trainable function (context)"
 BRANCH_PREFIX = (
@@ -73,29 +75,34 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def overview(steps: Sequence[StepRow], validations: Sequence[ValidationRow]) -> dict[str, Any]:
-    """The run's steps and validations as columns (one list per figure, a step per index),
-    and every numeric metric of ``metrics.jsonl`` by name, for the charts."""
+def overview(
+    steps: Sequence[StepRow], validations: Sequence[ValidationRow], metric: str | None
+) -> dict[str, Any]:
+    """The run's steps and validations as columns (one list per figure, a step per index)
+    for the charts; the names of its other numeric metrics, and ``metric``'s column (default:
+    ``train/loss``, else the first ``train/`` one)."""
     shown = steps[:MAX_STEPS]
-    columns: dict[str, list[Any]] = {
-        name: [_number(getattr(s, name, None)) for s in shown] for name in _STEP_COLUMNS
+    columns: dict[str, list[Any]] = {  # the store's typed fields: finite numbers or None
+        name: [getattr(s, name) for s in shown] for name in _STEP_COLUMNS
     }
-    names = sorted(
-        {
-            k
-            for s in shown
-            for k, v in (s.metrics or {}).items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and k != "step"
-        }
-    )
-    metrics = {name: [_number((s.metrics or {}).get(name)) for s in shown] for name in names}
+    for name in _WHY_DROPPED:
+        columns[name] = [_number(s.metrics.get(name)) for s in shown]
+    names: set[str] = set()
+    for s in shown:
+        names.update(k for k in s.metrics.keys() - names if _number(s.metrics[k]) is not None)
+    names.discard("step")
+    ordered = sorted(names, key=lambda n: (not n.startswith("train/"), n))
+    if metric not in names:
+        metric = "train/loss" if "train/loss" in names else ordered[0] if ordered else None
     validation = {
-        name: [_number(getattr(v, name, None)) for v in validations[:MAX_STEPS]]
-        for name in _VALIDATION_COLUMNS
+        name: [getattr(v, name) for v in validations[:MAX_STEPS]] for name in _VALIDATION_COLUMNS
     }
     return {
         "steps": columns,
-        "metrics": metrics,
+        "metric_names": ordered,
+        "metric": None
+        if metric is None
+        else {"name": metric, "values": [_number(s.metrics.get(metric)) for s in shown]},
         "validation": validation,
         "steps_total": len(steps),
         "cut": len(steps) > len(shown),

@@ -10,6 +10,23 @@ export function colorOf(index) {
 }
 
 window.arttraceCharts = window.arttraceCharts || {};
+
+let loading = null;
+
+/** uPlot, loaded the first time a page draws a chart (the other pages never parse it). */
+function uPlotLoaded() {
+  if (window.uPlot) return Promise.resolve();
+  if (!loading) {
+    loading = new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = new URL("../vendor/uplot/uPlot.iife.min.js", import.meta.url).href;
+      script.onload = resolve;
+      script.onerror = () => reject(new Error("the charting library (uPlot) did not load"));
+      document.head.append(script);
+    });
+  }
+  return loading;
+}
 /** The charts on the page by name, for the browser's console (and the viewer's tests). */
 
 /** ``series``: [{label, color, dash?, points: [[step, value], ...]}]. */
@@ -61,7 +78,8 @@ export class Chart {
     this.resize.observe(this.box);
   }
 
-  set(series) {
+  async set(series) {
+    await uPlotLoaded();
     if (!this.box.clientWidth) {
       this.pending = series; // drawn once laid out, at its width (one draw, not two)
       return;

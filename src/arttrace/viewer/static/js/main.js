@@ -50,18 +50,19 @@ async function show() {
   const main = document.getElementById("main");
   if (r.page === "missing") {
     main.replaceChildren(problemBox("No such page", `nothing is shown at ${location.hash}`, "go back to the overview"));
+    document.body.dataset.ready = r.page;
     return;
   }
   const box = h("div", { class: "page", dataset: { page: r.page } });
+  main.replaceChildren(box); // the page fills in as its answers arrive
   const view = await PAGES[r.page](box, r, app);
   if (token !== app.token) {
     if (view && view.close) view.close();
     return;
   }
-  main.replaceChildren(box);
   app.view = view || null;
-  // Drawn: the frame after the page was put in (its charts draw once laid out) has begun.
-  await new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)));
+  // Drawn: the frame that shows the page has been painted.
+  await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)));
   if (token !== app.token) return;
   document.body.dataset.ready = r.page;
   document.body.dataset.rendered = String(token);

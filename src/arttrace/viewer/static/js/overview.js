@@ -6,16 +6,13 @@ import { Chart, colorOf } from "./charts.js";
 import { fill, h, num, pager, problemBox, seconds, table } from "./dom.js";
 
 const PAGE = 25;
+const KINDS = { trainer: "a Trainer's run", gateway: "a gateway's journal", saved: "saved trajectories" };
 let chosenMetric = null;
 
 function pairs(xs, ys) {
   const out = [];
   for (let i = 0; i < xs.length; i++) if (ys && ys[i] !== null && ys[i] !== undefined) out.push([xs[i], ys[i]]);
   return out;
-}
-
-function column(data, name) {
-  return data.steps[name] || data.metrics[name] || [];
 }
 
 function dropped(data) {
@@ -27,8 +24,8 @@ function dropped(data) {
 function whyDropped(data, i) {
   const parts = [];
   const flat = data.steps.groups_dropped[i];
-  const empty = (data.metrics.groups_without_trainable_tokens || [])[i];
-  const left = (data.metrics.groups_excluded_by_curriculum || [])[i];
+  const empty = data.steps.groups_without_trainable_tokens[i];
+  const left = data.steps.groups_excluded_by_curriculum[i];
   if (flat) parts.push(`${flat} flat`);
   if (empty) parts.push(`${empty} with no trainable token`);
   if (left) parts.push(`${left} left out by the curriculum`);
@@ -56,7 +53,7 @@ export async function renderOverview(box, route, app) {
   metric.el.querySelector("h3").replaceChildren("Metric ", picker);
   picker.addEventListener("change", () => {
     chosenMetric = picker.value;
-    drawMetric();
+    load(null);
   });
   const charts = [reward, tokens, groups, time, metric, lag];
   const tables = h("div", { class: "step-tables" });
@@ -68,56 +65,55 @@ export async function renderOverview(box, route, app) {
     return app.runs.filter((r) => data.has(r.index));
   }
 
-  function drawMetric() {
+  async function drawMetric() {
     const names = new Set();
-    for (const r of ready()) for (const n of Object.keys(data.get(r.index).metrics)) names.add(n);
+    for (const r of ready()) for (const n of data.get(r.index).metric_names) names.add(n);
     const sorted = [...names].sort((a, b) => (a.startsWith("train/") === b.startsWith("train/") ? a.localeCompare(b) : a.startsWith("train/") ? -1 : 1));
-    if (!chosenMetric || !names.has(chosenMetric)) {
-      chosenMetric = names.has("train/loss") ? "train/loss" : sorted[0] || null;
-    }
+    const shown = ready().map((r) => data.get(r.index).metric).find((m) => m);
+    if (shown && !chosenMetric) chosenMetric = shown.name;
     if (picker.options.length !== sorted.length || [...picker.options].some((o, i) => o.value !== sorted[i])) {
       picker.replaceChildren(...sorted.map((n) => h("option", { value: n, text: n })));
     }
     picker.value = chosenMetric || "";
-    metric.set(
-      chosenMetric
-        ? ready().map((r) => ({
-            label: `${r.label} · ${chosenMetric}`,
-            color: colorOf(r.index),
-            points: pairs(data.get(r.index).steps.step, data.get(r.index).metrics[chosenMetric]),
-          }))
-        : [],
+    await metric.set(
+      ready().flatMap((r) => {
+        const d = data.get(r.index);
+        return d.metric && d.metric.name === chosenMetric
+          ? [{ label: `${r.label} · ${chosenMetric}`, color: colorOf(r.index), points: pairs(d.steps.step, d.metric.values) }]
+          : [];
+      }),
     );
   }
 
-  function draw() {
+  async function draw() {
     const runs = ready();
-    chartBox.hidden = !runs.length;
+    chartBox.hidden = !runs.some((r) => data.get(r.index).steps.step.length || data.get(r.index).validation.step.length);
     const series = (pick) => runs.flatMap((r) => pick(r, data.get(r.index), colorOf(r.index)));
-    reward.set(
+    const drawn = [];
+    drawn.push(reward.set(
       series((r, d, color) => [
         { label: `${r.label} · train`, color, points: pairs(d.steps.step, d.steps.reward_mean) },
         { label: `${r.label} · validation`, color, dash: [6, 4], dots: true, gaps: true, points: pairs(d.validation.step, d.validation.reward_mean) },
       ]),
-    );
-    tokens.set(series((r, d, color) => [{ label: r.label, color, points: pairs(d.steps.step, d.steps.trainable_tokens) }]));
-    groups.set(
+    ));
+    drawn.push(tokens.set(series((r, d, color) => [{ label: r.label, color, points: pairs(d.steps.step, d.steps.trainable_tokens) }])));
+    drawn.push(groups.set(
       series((r, d, color) => [
         { label: `${r.label} · shipped`, color, points: pairs(d.steps.step, d.steps.groups_kept) },
         { label: `${r.label} · dropped`, color, dash: [6, 4], points: pairs(d.steps.step, dropped(d)) },
       ]),
-    );
-    time.set(
+    ));
+    drawn.push(time.set(
       series((r, d, color) => [
         { label: `${r.label} · rollouts`, color, points: pairs(d.steps.step, d.steps.rollout_seconds) },
         { label: `${r.label} · training`, color, dash: [6, 4], points: pairs(d.steps.step, d.steps.train_seconds) },
       ]),
-    );
+    ));
     const lagged = series((r, d, color) => [{ label: r.label, color, points: pairs(d.steps.step, d.steps.off_policy_steps_mean) }]);
     lag.el.hidden = !lagged.some((s) => s.points.some(([, v]) => v > 0));
-    lag.set(lagged);
-    drawMetric();
+    drawn.push(lag.set(lagged), drawMetric());
     drawTables();
+    await Promise.all(drawn);
   }
 
   function drawTables() {
@@ -156,12 +152,27 @@ export async function renderOverview(box, route, app) {
           );
         };
         render();
+        const journal = [];
+        if (!n && d.last_journal_step !== null) {
+          // a gateway's journal (no metrics.jsonl): its steps are the journal's folders
+          const last = Math.min(d.last_journal_step, 499);
+          journal.push(
+            h("p", {}, "Steps in the journal (no metrics.jsonl: no Trainer has trained from it): "),
+            h("p", { class: "journal-steps" }, [...Array(last + 1).keys()].map((s) => h("a", { href: `#/r/${r.index}/step/${s}`, text: `step ${s}` }))),
+          );
+        }
         return h(
           "section",
           { class: "card", dataset: { run: r.index } },
-          h("h3", {}, h("i", { class: "swatch", style: `background:${colorOf(r.index)}` }), `${r.label} — steps`),
-          h("p", { class: "muted small", text: `${r.path} (${r.kind}); ${num(d.steps_total)} steps${d.cut ? ", the first shown" : ""}` }),
-          body,
+          h("h3", {}, h("i", { class: "swatch", style: `background:${colorOf(r.index)}` }), `${r.label} — ${n ? "steps" : "runs"}`),
+          h(
+            "p",
+            { class: "muted small" },
+            `${r.path} (${KINDS[r.kind] || r.kind}): ${n ? `${num(d.steps_total)} steps${d.cut ? " (the first shown)" : ""}, ` : ""}${num(d.runs)} runs — `,
+            h("a", { href: `#/find?run=${r.index}`, text: "find runs" }),
+          ),
+          journal,
+          n ? body : null,
         );
       }),
     );
@@ -178,7 +189,7 @@ export async function renderOverview(box, route, app) {
         }
         if (indices && !indices.includes(r.index) && next.has(r.index)) return;
         try {
-          next.set(r.index, await get(`runs/${r.index}/overview`));
+          next.set(r.index, await get(`runs/${r.index}/overview`, { metric: chosenMetric }));
         } catch (error) {
           next.delete(r.index);
           problems.append(problemBox(`${r.label}: cannot be shown`, error.message, error.fix));
@@ -196,7 +207,7 @@ export async function renderOverview(box, route, app) {
       }
     }
     data = next;
-    draw();
+    await draw();
   }
 
   box.append(

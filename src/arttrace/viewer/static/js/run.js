@@ -229,7 +229,7 @@ export async function renderRun(box, route, app) {
     const runPath = `runs/${run}/trajectories/${id}`;
     const t = await get(runPath);
     const row = t.row, group = t.group;
-    const step = row ? row.step : t.metadata.step;
+    const step = row && row.step !== null ? row.step : t.metadata.step; // a saved run: its own
     const trail = [];
     if (row && row.step !== null && row.step !== undefined) {
       trail.push([`step ${row.step}`, `#/r/${run}/step/${row.step}`]);
@@ -256,7 +256,7 @@ export async function renderRun(box, route, app) {
         group ? fact("advantage", num(group.advantage, 3)) : null,
         group ? fact("group", group.shipped ? badge("shipped", "ok") : badge(group.why_not || "not shipped", "warn")) : null,
         fact("step", step ?? "—"),
-        row ? fact("rollout", row.rollout ?? "—") : null,
+        fact("rollout", (row && row.rollout) ?? t.metadata.rollout ?? "—"),
         fact("split", t.metadata.split ?? "—"),
         t.metadata.policy_step !== undefined ? fact("policy step", t.metadata.policy_step) : null,
         fact("calls", num(t.calls)),

@@ -3,7 +3,7 @@
 
 import { get } from "./api.js";
 import { badge, h, num, seconds, table } from "./dom.js";
-import { crumbs, folderPage } from "./common.js";
+import { crumbs, folder, folderPage } from "./common.js";
 
 function shippedCell(group) {
   return group.shipped ? badge("shipped", "ok") : badge(group.why_not || "not shipped", "warn");
@@ -44,7 +44,7 @@ export async function renderStep(box, route, app) {
           fact("training", seconds(s.train_seconds)),
           s.off_policy_steps_mean ? fact("policy lag", num(s.off_policy_steps_mean)) : null,
         )
-      : h("p", { class: "muted", text: "this step has no metrics line yet (it is running, or did not ship)" });
+      : h("p", { class: "muted", text: folder(app, run)?.kind === "gateway" ? "a gateway's journal: no Trainer has trained this step (no metrics line)" : "this step has no metrics line yet (it is running, or did not ship)" });
     return [
       crumbs(app, run, [`step ${step}`]),
       h(
