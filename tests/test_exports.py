@@ -369,14 +369,16 @@ def test_parquet_rows_equal_the_journal_and_arts_token_sequences(
             == sum(mask)
             == sum(turn["sampled_tokens"] for turn in trainable)
         )
-        records = [
-            c.choices[0] for c in t.calls if c.trainable and c.choices[0].logprobs is not None
-        ]
-        for turn, record in zip(trainable, records, strict=True):  # exact, as float64
-            n, start = turn["sampled_tokens"], turn["offset"]
+        starts = np.cumsum([0, *row["sequence_lengths"]])  # where each sequence starts
+        policy = [c for c in t.calls if c.trainable and c.choices[0].logprobs is not None]
+        for turn, call in zip(trainable, policy, strict=True):  # exact, as float64
+            record, n, start = call.choices[0], turn["sampled_tokens"], turn["offset"]
             assert ids[start : start + n] == record.token_ids.tolist()
             assert array("d", logprobs[start : start + n]) == record.logprobs
             assert all(mask[start : start + n])
+            begins = int(starts[starts <= start].max())  # the turn's prompt: back to there
+            assert ids[begins:start] == call.prompt_token_ids.tolist()  # type: ignore[union-attr]
+            assert turn["prompt_tokens"] == start - begins
         if slot == NO_LOGPROBS:
             assert ids == [] and row["sequence_lengths"] == []
             assert [turn["untrainable_reason"] for turn in turns[:3]] == ["no logprobs"] * 3
@@ -461,7 +463,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def test_otlp_spans_equal_the_runs_calls_and_the_live_spans(
-    captured: Captured, receiver: Receiver
+    captured: Captured, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     headers = {"Authorization": f"Bearer {SECRET}", "x-team": "evaluation"}
     summary = export_otlp([captured.folder], receiver.url, headers, batch_size=7)
@@ -530,9 +532,12 @@ def test_otlp_spans_equal_the_runs_calls_and_the_live_spans(
     for body in receiver.bodies:
         assert SECRET.encode() not in body
 
-    ids = {(s["trace"], s["id"]) for s in spans}
-    export_otlp([captured.folder], receiver.url, headers)  # again: the same trace and span ids
+    ids, sent = {(s["trace"], s["id"]) for s in spans}, len(receiver.bodies)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)  # the standard defaults
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=replay")
+    export_otlp([captured.folder])  # again: the same trace and span ids
     assert {(s["trace"], s["id"]) for s in receiver.spans()} == ids
+    assert {h["x-team"] for h in receiver.headers[sent:]} == {"replay"}
 
 
 def test_otlp_refused_batch_is_an_error_without_the_headers(
