@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,7 @@ def add_runs_command(
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "runs",
         help="summarise run folders (Trainer, gateway, saved trajectories) and query their runs",
-        description=_DESCRIPTION,
+        description=textwrap.fill(_DESCRIPTION, 79),
         epilog=_EPILOG,
         formatter_class=formatter,
     )
@@ -90,7 +91,9 @@ def add_runs_command(
         help="print run ID whole, as its file holds it (JSON); ids are in --trajectories",
     )
     filters = parser.add_argument_group("filters (of --trajectories and --count)")
-    filters.add_argument("--step", type=int, help="runs of this step (also selects --groups')")
+    filters.add_argument(
+        "--step", type=int, help="runs of this step (with --groups: this step's groups)"
+    )
     filters.add_argument("--split", help='runs of this split ("train" in a Trainer\'s folder)')
     filters.add_argument("--example", metavar="EXAMPLE_ID", help="runs of this example id")
     filters.add_argument("--min-reward", type=float, help="runs with at least this reward")
@@ -149,6 +152,8 @@ def run_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 elif args.causes:
                     for cause, runs in store.causes().items():
                         out.row(store, {"cause": cause, "runs": runs})
+                    if not store.causes() and not out.json:
+                        out.note(f"{store.path}: every policy turn of every run is trainable")
                 else:
                     out.row(store, _summary(store))
         except ConfigurationError as error:
