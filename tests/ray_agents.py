@@ -107,6 +107,24 @@ def killed_until_retried(example: dict[str, Any]) -> float:
     return 1.0
 
 
+def stuck_on_doomed_node(example: dict[str, Any]) -> float:
+    """Notes its node and PID in ``example["log"]``. On the node ``example["doomed"]`` it then
+    waits to be lost with it; elsewhere it returns 1.0 once a run has reached that node (so
+    that a run does)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    log = Path(example["log"])
+    with log.open("a") as file:
+        file.write(f"{node} {os.getpid()}\n")
+    deadline = time.monotonic() + 120  # the test removes the node long before
+    while time.monotonic() < deadline:
+        if node != example["doomed"] and example["doomed"] in log.read_text():
+            return 1.0
+        time.sleep(0.05)
+    raise AssertionError("the doomed node was not removed, or no run reached it")
+
+
 async def constant(example: Any) -> float:
     """No LLM call: what the executor itself costs per rollout."""
     return 1.0

@@ -29,9 +29,17 @@ STARTUP_LIMIT = 120
 _NODE = {"num_cpus": 4, "object_store_memory": 80 * 1024 * 1024}
 _HEAD = {
     **_NODE,
+    "resources": {"spare": 1},
     "include_dashboard": False,
     "no_monitor": True,  # no autoscaler, no log streaming: fewer processes to start
     "include_log_monitor": False,
+    # a lost node is declared dead within ~2 s (Ray's default: ~30 s)
+    "_system_config": {
+        "health_check_initial_delay_ms": 0,
+        "health_check_period_ms": 500,
+        "health_check_timeout_ms": 500,
+        "health_check_failure_threshold": 3,
+    },
 }
 
 
@@ -41,8 +49,18 @@ class RayCluster:
     """The ``ray.cluster_utils.Cluster``."""
     address: str
     node_ids: tuple[str, str]
-    """The head node's id, then the worker node's."""
+    """The head node's id, then the worker node's (4 CPUs each; the head has a custom
+    resource ``spare: 1``)."""
     startup_seconds: float
+    environ: dict[str, str]
+    """What the nodes' processes add to their environment."""
+
+    def add_node(self, **args: Any) -> Any:
+        """Another node (``ray._private.node.Node``), as the first two were started."""
+        with _environ(**self.environ):
+            node = self.cluster.add_node(**{**_NODE, **args})
+        self.cluster.wait_for_nodes(timeout=STARTUP_LIMIT)
+        return node
 
 
 @contextlib.contextmanager
@@ -83,13 +101,14 @@ def ray_cluster_fixture() -> Iterator[RayCluster]:
     temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # Ray's socket paths must stay short
     tests = str(Path(__file__).parent)
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+    # No token auth on a loopback test cluster (nothing written to ~/.ray), and the test
+    # modules importable by the workers.
+    environ = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": path}
     cluster = None
     started = time.perf_counter()
     try:
-        # The nodes inherit this environment: no token auth on a loopback-only test cluster
-        # (nothing written to ~/.ray), and the test modules importable by their workers.
         with (
-            _environ(RAY_AUTH_MODE="disabled", PYTHONPATH=path),
+            _environ(**environ),
             _deadline(STARTUP_LIMIT, "starting the test Ray cluster (head + 1 worker node)"),
         ):
             for attempt in (1, 2):
@@ -110,7 +129,11 @@ def ray_cluster_fixture() -> Iterator[RayCluster]:
             ray.init(address=cluster.address, logging_level="WARNING")
         head = cluster.head_node.node_id
         yield RayCluster(
-            cluster, cluster.address, (head, worker.node_id), time.perf_counter() - started
+            cluster,
+            cluster.address,
+            (head, worker.node_id),
+            time.perf_counter() - started,
+            environ,
         )
     finally:
         with contextlib.suppress(Exception):

@@ -1,13 +1,16 @@
 """RayExecutor on a real two-node Ray cluster (tests/ray_cluster.py): the runs equal the same
-runs in-process, a worker killed mid-run is retried (or reported), and what cannot be sent to
-the workers fails when the executor is bound, naming it."""
+runs in-process, a worker killed mid-run is retried (or reported), what cannot be sent to the
+workers fails when the executor is bound, naming it, and a Trainer journals each slot once."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import art
 import pytest
 
 import arttrace as at
@@ -84,41 +88,91 @@ def untimed(t: at.Trajectory) -> dict[str, Any]:
     return data
 
 
-async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
-    ray_cluster: RayCluster, servers, tmp_path
-):
-    # 2 CPUs a run on 4-CPU nodes: two actors per node, so both nodes run rollouts
+@pytest.fixture(scope="module")
+def four(ray_cluster: RayCluster) -> Iterator[RayExecutor]:
+    """Four actors of 2 CPUs on the two 4-CPU nodes: two on each, so both nodes run rollouts.
+    Shared by the tests that bind it (a new bind keeps the actors): starting an actor's
+    process takes seconds on 2 cores."""
     executor = RayExecutor(num_cpus=2, max_in_flight=4)
-    where: dict[str, list[str]] = {}
-    try:
-        for rollout in (ray_agents.solve_async, ray_agents.solve_sync):
-            nodes = tmp_path / rollout.__name__
-            nodes.mkdir()
-            on_ray, in_process = examples(servers, 8, nodes), examples(servers, 8)
-            executor.bind(RolloutRunner(rollout, None, 4), on_ray, 4)  # the second keeps the actors
-            remote = await run_group(executor, on_ray)
-            local = InProcessExecutor()
-            local.bind(RolloutRunner(rollout, None, 8), in_process, 8)
-            expected = await run_group(local, in_process)
-            local.close()
+    yield executor
+    executor.close()
 
-            for key, t in remote.items():
-                assert t.exception is None, t.exception
-                assert untimed(t) == untimed(expected[key])
-                assert t.metadata == {"split": "train", "step": 0, "rollout": key[1]}
-                turns = [c for c in t.calls if c.trainable]
-                assert len(turns) == 2 and turns[0].choices[0].message["tool_calls"]
-                assert turns[1].prompt_token_ids and turns[1].choices[0].token_ids
-                assert turns[1].choices[0].logprobs
-            assert [t.reward for t in remote.values()] == [t.reward for t in expected.values()]
-            ran = [p.read_text().split() for p in nodes.iterdir()]
-            assert len(ran) == 8 * GROUP
-            assert {node for node, _ in ran} == set(ray_cluster.node_ids)
-            where[rollout.__name__] = sorted({pid for _, pid in ran})
+
+async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
+    four: RayExecutor, ray_cluster: RayCluster, servers, tmp_path
+):
+    processes = {}
+    for rollout in (ray_agents.solve_async, ray_agents.solve_sync):
+        nodes = tmp_path / rollout.__name__
+        nodes.mkdir()
+        on_ray, in_process = examples(servers, 8, nodes), examples(servers, 8)
+        four.bind(RolloutRunner(rollout, None, 4), on_ray, 4)
+        remote = await run_group(four, on_ray)
+        local = InProcessExecutor()
+        local.bind(RolloutRunner(rollout, None, 8), in_process, 8)
+        expected = await run_group(local, in_process)
+        local.close()
+
+        for key, t in remote.items():
+            assert t.exception is None, t.exception
+            assert untimed(t) == untimed(expected[key])
+            assert t.metadata == {"split": "train", "step": 0, "rollout": key[1]}
+            turns = [c for c in t.calls if c.trainable]
+            assert len(turns) == 2 and turns[0].choices[0].message["tool_calls"]
+            assert turns[1].prompt_token_ids and turns[1].choices[0].token_ids
+            assert turns[1].choices[0].logprobs
+        assert [t.reward for t in remote.values()] == [t.reward for t in expected.values()]
+        ran = [p.read_text().split() for p in nodes.iterdir()]
+        assert len(ran) == 8 * GROUP
+        assert {node for node, _ in ran} == set(ray_cluster.node_ids)
+        processes[rollout] = {pid for _, pid in ran}
+    # bound again for the sync rollout, the executor kept its 4 actors
+    assert processes[ray_agents.solve_sync] == processes[ray_agents.solve_async]
+    assert len(processes[ray_agents.solve_sync]) == 4
+
+
+async def test_a_trainer_on_ray_journals_every_slot_once(four: RayExecutor, servers, tmp_path):
+    dataset = examples(servers, 4)
+    model = art.TrainableModel(
+        name="m",
+        project="p",
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
+        run_name="r",
+        base_path=str(tmp_path / ".art"),
+    )
+    backend = at.DryRunBackend(tmp_path / "dry")
+    await model.register(backend)
+    trainer = at.Trainer(
+        model,
+        backend,
+        ray_agents.solve_async,
+        dataset,
+        group_size=GROUP,
+        groups_per_step=2,
+        executor=four,
+        max_steps_off_policy=1,
+        output_dir=tmp_path / "out",
+        progress=False,
+        log_to_model=False,
+    )
+    try:
+        results = await trainer.train(num_steps=2)
     finally:
-        executor.close()
-    assert where["solve_sync"] == where["solve_async"]  # re-bound: the same 4 processes
-    assert len(where["solve_sync"]) == 4
+        trainer.close()
+
+    for step in (0, 1):
+        path = tmp_path / "out" / "journal" / f"step-{step:05d}" / "rollouts.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        slots = sorted(tuple(line["slot"]) for line in lines)
+        assert slots == [(pos, k) for pos in range(2) for k in range(GROUP)]
+        for line in lines:
+            run = line["trajectory"]
+            assert run["exception"] is None and run["reward"] is not None
+            assert run["metadata"]["rollout"] == line["slot"][1]
+            assert [c["trainable"] for c in run["calls"]] == [True, True]
+        assert (tmp_path / "dry" / "m" / f"step-{step:05d}" / "report.json").exists()
+    assert [r.metrics["exceptions"] for r in results] == [0, 0]
+    assert all(r.metrics["groups_kept"] == 2 for r in results)
 
 
 def test_a_rollout_that_cannot_be_pickled_fails_at_bind_naming_it():
@@ -161,24 +215,22 @@ def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_
 
     runner = RolloutRunner(agent_only_here.rollout, None, 1)
     with pytest.raises(at.ConfigurationError) as caught:
-        RayExecutor(max_in_flight=1).bind(runner, [{"id": "a"}], 1)
+        RayExecutor(num_cpus=0, max_in_flight=1).bind(runner, [{"id": "a"}], 1)
     message = str(caught.value)
-    assert "the rollout cannot be loaded on the Ray workers" in message
+    assert message.startswith("the rollout cannot be loaded on the Ray workers")
     assert "they cannot import module 'agent_only_here'" in message
     assert f"runtime_env={{'py_modules': [{str(tmp_path / 'agent_only_here.py')!r}]}}" in message
 
-    # the fix the message gives works
-    executor = RayExecutor(max_in_flight=1, runtime_env={"py_modules": [agent_only_here]})
+    # the fix the message gives works (a module object does too)
+    executor = RayExecutor(
+        num_cpus=0, max_in_flight=1, runtime_env={"py_modules": [agent_only_here]}
+    )
     executor.bind(runner, [{"id": "a"}], 1)
     try:
-        t = await_run(executor, "a", {"id": "a"})
+        t = asyncio.run(executor.run("a", {"id": "a"}, {"rollout": 0}))
     finally:
         executor.close()
     assert (t.reward, t.exception) == (1.0, None)
-
-
-def await_run(executor: RayExecutor, example_id: str, example: Any) -> at.Trajectory:
-    return asyncio.run(executor.run(example_id, example, {"rollout": 0}))
 
 
 def _kill_when_written(pids: Path, count: int) -> int:
@@ -194,49 +246,111 @@ def _kill_when_written(pids: Path, count: int) -> int:
     raise AssertionError(f"no rollout wrote its PID to {pids}")
 
 
-async def test_a_worker_killed_mid_rollout_is_retried_once_on_another_worker(
+async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retry_is_left(
     ray_cluster: RayCluster, tmp_path, caplog
 ):
     pids = tmp_path / "pids"
-    executor = RayExecutor(max_in_flight=2, max_retries=2)
+    executor = RayExecutor(num_cpus=0, max_in_flight=2, max_retries=2)
     executor.bind(RolloutRunner(ray_agents.killed_until_retried, None, 2), [{"id": "a"}], 2)
     example = {"id": "a", "pids": str(pids), "hang": 1}
+    metadata = {"split": "train", "step": 0, "rollout": 3}
     try:
         with caplog.at_level(logging.WARNING, logger="arttrace"):
-            run = asyncio.ensure_future(
-                executor.run("a", example, {"split": "train", "step": 0, "rollout": 3})
-            )
+            run = asyncio.ensure_future(executor.run("a", example, metadata))
             killed = await asyncio.to_thread(_kill_when_written, pids, 1)
             t = await asyncio.wait_for(run, 60)
+        # the first try was killed, the second ran on another worker and came back, once
+        assert (t.reward, t.exception, t.metadata) == (1.0, None, metadata)
+        tries = [int(p) for p in pids.read_text().split()]
+        assert tries[0] == killed and len(tries) == 2 and tries[1] != killed
+        [warning] = [
+            r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()
+        ]
+        assert "ActorDiedError" in warning and "(attempt 2 of 3)" in warning
+        assert "'a' (split train, step 0, rollout 3)" in warning
+        print(warning)
+
+        caplog.clear()
+        executor.max_retries = 0
+        run = asyncio.ensure_future(executor.run("a", {**example, "hang": 9}, metadata))
+        await asyncio.to_thread(_kill_when_written, pids, 3)
+        t = await asyncio.wait_for(run, 60)
     finally:
         executor.close()
-    assert (t.reward, t.exception) == (1.0, None)
-    assert t.metadata == {"split": "train", "step": 0, "rollout": 3}
-    tries = [int(p) for p in pids.read_text().split()]
-    assert tries[0] == killed and len(tries) == 2 and tries[1] != killed
-    [warning] = [r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()]
-    assert "ActorDiedError" in warning and "(attempt 2 of 3)" in warning
-    assert "'a' (split train, step 0, rollout 3)" in warning
-
-
-async def test_with_no_retry_left_the_killed_rollout_comes_back_with_the_cause(
-    ray_cluster: RayCluster, tmp_path, caplog
-):
-    pids = tmp_path / "pids"
-    executor = RayExecutor(max_in_flight=1, max_retries=0)
-    executor.bind(RolloutRunner(ray_agents.killed_until_retried, None, 1), [{"id": "a"}], 1)
-    try:
-        with caplog.at_level(logging.WARNING, logger="arttrace"):
-            run = asyncio.ensure_future(
-                executor.run("a", {"id": "a", "pids": str(pids), "hang": 9}, {"rollout": 0})
-            )
-            await asyncio.to_thread(_kill_when_written, pids, 1)
-            t = await asyncio.wait_for(run, 60)
-    finally:
-        executor.close()
-    assert t.example_id == "a" and t.metadata == {"rollout": 0} and t.reward is None
+    assert t.example_id == "a" and t.metadata == metadata and t.reward is None
     assert t.exception is not None and t.exception["type"] == "ActorDiedError"
     assert "died on each of its 1 tries (max_retries=0)" in t.exception["message"]
     assert "ActorDiedError" in t.exception["traceback"]
     assert not [r for r in caplog.records if "lost its Ray worker" in r.getMessage()]
-    assert len(pids.read_text().split()) == 1
+    assert len(pids.read_text().split()) == 3
+    print(t.exception["message"])
+
+
+async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
+    ray_cluster: RayCluster, tmp_path, caplog
+):
+    doomed = ray_cluster.add_node(num_cpus=1, resources={"spare": 1})
+    log = tmp_path / "log"
+    # one actor on the head node and one on the doomed node: each holds its node's "spare"
+    executor = RayExecutor(num_cpus=0, resources={"spare": 1}, max_in_flight=2)
+    executor.bind(RolloutRunner(ray_agents.stuck_on_doomed_node, None, 2), [{"id": "a"}], 2)
+    example = {"id": "a", "log": str(log), "doomed": doomed.node_id}
+    try:
+        with caplog.at_level(logging.WARNING, logger="arttrace"):
+            runs = [
+                asyncio.ensure_future(executor.run(f"r{k}", example, {"rollout": k}))
+                for k in range(2)
+            ]
+            while doomed.node_id not in (log.read_text() if log.exists() else ""):
+                await asyncio.sleep(0.05)
+            ray_cluster.cluster.remove_node(doomed, allow_graceful=False)
+            done = await asyncio.wait_for(asyncio.gather(*runs), 60)
+    finally:
+        executor.close()
+    assert [(t.example_id, t.reward, t.exception) for t in done] == [
+        ("r0", 1.0, None),
+        ("r1", 1.0, None),
+    ]
+    nodes = [line.split()[0] for line in log.read_text().splitlines()]
+    assert sorted(nodes) == sorted([doomed.node_id, *[ray_cluster.node_ids[0]] * 2])
+    [warning] = [r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()]
+    assert "ActorDiedError" in warning and "(attempt 2 of 3)" in warning
+    print(warning)
+
+
+_LOCAL = """
+import asyncio, sys
+import ray
+import arttrace as at
+from arttrace.training._rollout import RolloutRunner
+
+async def rollout(example):
+    print("said by the rollout", flush=True)
+    return 1.0
+
+at.instrument()
+executor = at.RayExecutor(max_in_flight=1)
+executor.bind(RolloutRunner(rollout, None, 1), [{"id": "a"}], 1)
+t = asyncio.run(executor.run("a", {"id": "a"}, {"rollout": 0}))
+executor.close()
+executor.close()
+print("reward", t.reward, "ray still up:", ray.is_initialized(), file=sys.stderr)
+"""
+
+
+def test_with_no_cluster_it_starts_a_quiet_local_ray_and_shuts_it_down_on_close(tmp_path):
+    """What a first run on a laptop does (its own process: this one is on the test cluster)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)  # Ray keeps the local instance's token in ~/.ray
+    done = subprocess.run(
+        [sys.executable, "-c", _LOCAL],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines() == ["reward 1.0 ray still up: False"]
+    assert "said by the rollout" in done.stdout  # the workers' prints reach the terminal
+    assert (tmp_path / ".ray" / "auth_token").exists()  # token auth on, without the warning

@@ -445,6 +445,29 @@ def _kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
 
 
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+_AUTH_ON = "Token authentication is enabled for this Ray cluster"
+"""Ray (>= 2.52) turns token authentication on for a local instance it starts, and warns
+that it did, with how to opt out. For the instance a RayExecutor starts for itself that is
+the right default, not news: the warning is left out (the token is Ray's usual,
+``~/.ray/auth_token``; ``RAY_AUTH_MODE`` set by the user is respected)."""
+
+
+@contextlib.contextmanager
+def _quiet(logger: str, message: str) -> Iterator[None]:
+    """Leave out ``logger``'s records that start with ``message`` inside the block."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(message)
+
+    log = logging.getLogger(logger)
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
+
+
 _connection = threading.Lock()
 _users = 0
 """RayExecutors bound on the Ray connection arttrace opened (0 when the user opened it)."""
@@ -666,15 +689,13 @@ class RayExecutor:
             if not ray.is_initialized():
                 address = self.address or os.environ.get("RAY_ADDRESS") or None
                 if address is None:
-                    # Ray >= 2.52 turns token authentication on for a local instance and
-                    # warns that it did; set on purpose, it is on without the warning.
-                    os.environ.setdefault("RAY_AUTH_MODE", "token")
-                    ray.init(
-                        address="local",
-                        include_dashboard=False,
-                        logging_level=logging.WARNING,
-                        log_to_driver=True,
-                    )
+                    with _quiet(_AUTH_LOGGER, _AUTH_ON):
+                        ray.init(
+                            address="local",
+                            include_dashboard=False,
+                            logging_level=logging.WARNING,
+                            log_to_driver=True,
+                        )
                     _local = True
                 else:
                     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
@@ -803,11 +824,21 @@ def _slot(metadata: Mapping[str, Any]) -> str:
 
 
 def _summary(error: BaseException) -> str:
-    """A Ray error in one line: its type and the sentences that say what happened."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    kept = [line for line in lines if (line and ":" not in line[:20]) or line.startswith("pid")]
-    text = " ".join(kept or lines)
-    text = text if len(text) <= 600 else text[:600] + "..."
+    """A Ray error in one line: its type, what happened, and the worker's PID and address
+    (Ray's list of common causes and its actor ids left out)."""
+    text = str(error)
+    for tail in ("Some common causes include", "To troubleshoot", "There are some potential"):
+        text = text.split(tail)[0]
+    said, where = [], []
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition(": ")
+        if line.startswith("\t") and sep:  # ActorDiedError's "\tpid: 123", "\tip: 10.0.0.2"
+            if key in ("pid", "ip"):
+                where.append(f"{key} {value}")
+        elif line.strip():
+            said.append(line.strip())
+    text = " ".join(said) + (f" ({', '.join(where)})" if where else "")
+    text = text if len(text) <= 500 else text[:500] + "..."
     return f"{type(error).__name__}: {text}"
 
 
