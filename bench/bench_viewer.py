@@ -15,7 +15,8 @@ the time until the folder is ready is the first index build as the viewer sees i
   reload): the browser's own time from the navigation's start (a link: the click) to the page
   drawn (``document.body.dataset.drawnMs``), and for information the time Playwright waited
   (its round trips to the browser included);
-- the viewer's RSS (``VmRSS``) after all of it, and its peak (``VmHWM``).
+- the viewer's CPU while idle (its refresh timer finding nothing new), and its RSS
+  (``VmRSS``) after all of it, and its peak (``VmHWM``).
 
     python bench/bench_viewer.py --runs 100000 --tokens 1000 [--dir /tmp/bench_viewer]
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -54,6 +56,11 @@ def memory(pid: int) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     fields = dict(line.split(":", 1) for line in status if ":" in line)
     return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def quantiles(times: list[float]) -> dict[str, float]:
@@ -191,6 +198,11 @@ def main() -> None:
             f"viewer serving after {serving:.1f} s; the folder indexed, ready after {ready:.1f} s"
         )
         print(f"viewer memory after indexing: {memory(child.pid)}")
+        before = cpu_seconds(child.pid)
+        time.sleep(10)
+        idle = (cpu_seconds(child.pid) - before) / 10
+        print(f"viewer idle (refreshing every 0.5 s, nothing new): {100 * idle:.1f}% of a core")
+        print(f"machine load average (1, 5, 15 min): {os.getloadavg()}")
         rng = random.Random(0)
         results = {"api": api(base, args.repeat, rng), "pages": pages(base, args.page_repeat, rng)}
         for part, rows in results.items():
@@ -199,6 +211,7 @@ def main() -> None:
                 print(f"  {name:<44} {q['p50_ms']:7.1f}  {q['p99_ms']:7.1f}  {q['max_ms']:7.1f}")
         used = memory(child.pid)
         rss, peak = used["VmRSS"], used["VmHWM"]
+        print(f"machine load average (1, 5, 15 min) at the end: {os.getloadavg()}")
         print(f"\nviewer memory after browsing: RSS {rss:.0f} MiB, peak {peak:.0f} MiB")
         print(json.dumps({**results, "memory_mb": used}))
     finally:

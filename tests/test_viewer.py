@@ -175,8 +175,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo's run and the calculator's, made once for the module (ART loads here)."""
     from arttrace.app.demo import run_demo
 
-    root = tmp_path_factory.mktemp("runs")
-    demo, calc = root / "demo", root / "calc"
+    root = tmp_path_factory.mktemp("viewer")
+    demo, calc = root / "runs" / "demo", root / "runs" / "calc"
     _warnings.reset()
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -204,8 +204,15 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Screenshots:
 
 @pytest.fixture(scope="module")
 def viewer(runs: dict[str, Path]) -> Iterator[Viewer]:
-    served = Viewer([runs["demo"], runs["calc"]])
-    served.start()
+    """The viewer over both runs, given as ``arttrace view runs/demo runs/calc`` gives them
+    (the pages show the paths as given)."""
+    here = Path.cwd()
+    os.chdir(runs["demo"].parent.parent)
+    try:
+        served = Viewer([Path("runs/demo"), Path("runs/calc")])
+        served.start()
+    finally:
+        os.chdir(here)
     yield served
     served.stop()
 
@@ -291,8 +298,14 @@ def test_a_run_shows_its_tool_call_and_tokens_as_the_journal_says(viewer, runs, 
     ready(page, "group")
     rewards = page.locator("table.runs tbody tr")
     assert rewards.count() == 3
-    shown = sorted(float(rewards.nth(k).locator("td").nth(1).inner_text()) for k in range(3))
-    assert shown == sorted(line["trajectory"]["reward"] for line in lines)
+    journaled_rewards = {line["slot"][1]: line["trajectory"]["reward"] for line in lines}
+    mean = sum(journaled_rewards.values()) / 3
+    std = (sum((r - mean) ** 2 for r in journaled_rewards.values()) / 3) ** 0.5
+    for k in range(3):  # each run's reward, and its advantage as ART computes it
+        cells = rewards.nth(k).locator("td").all_inner_texts()
+        reward = journaled_rewards[int(cells[0])]
+        assert float(cells[1]) == reward
+        assert float(cells[2]) == pytest.approx((reward - mean) / (std + 1e-6), abs=5e-4)
     shots.take(page, "viewer-group")
     rewards.first.click()
     ready(page, "run")
@@ -367,6 +380,61 @@ def test_a_run_that_raised_shows_its_exception(viewer, runs, page):
     assert "the calculator tool crashed" in box.locator("pre").inner_text()
 
 
+def test_a_long_run_comes_in_bounded_parts_and_whole_on_demand(browser, tmp_path):
+    from arttrace.viewer._present import MAX_TEXT, MAX_TOKENS
+
+    ids = list(range(1000, 1000 + MAX_TOKENS + 500))
+    logprobs = [-((k % 7) / 7) for k in range(len(ids))]
+    long_text = "".join(f"line {k}: a long tool result\n" for k in range(1500))
+    call = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": long_text}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok " * 10},
+                "finish_reason": "length",
+                "logprobs": logprobs,
+                "token_ids": ids,
+            }
+        ],
+        "prompt_token_ids": [1, 2, 3],
+        "trainable": True,
+        "agent": "solve",
+    }
+    saved = tmp_path / "long.json"
+    at.Trajectory.from_dict({"example_id": "long", "reward": 0.5, "calls": [call]}).save(saved)
+    served = Viewer([saved])
+    served.start()
+    page = browser.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        rows = httpx.get(served.url + "api/runs/0/trajectories").json()["rows"]
+        answer = httpx.get(served.url + f"api/runs/0/trajectories/{rows[0]['id']}").json()
+        user, turn = answer["conversations"][0]["items"]
+        assert len(user["message"]["content"]) == MAX_TEXT  # each answer is bounded
+        assert user["message"]["_cut"] == len(long_text) - MAX_TEXT
+        assert turn["tokens"]["ids"] == ids[:MAX_TOKENS] and turn["tokens"]["total"] == len(ids)
+
+        show(page, served.url + f"#/r/0/run/{rows[0]['id']}", "run")
+        message = page.locator('.msg[data-role="user"]')
+        assert "more characters not shown" in message.inner_text()
+        message.locator("button.more").click()
+        page.wait_for_function(
+            "document.querySelector('.msg[data-role=user] .text').textContent.length > 20000"
+        )
+        assert message.locator(".text").inner_text().strip() == long_text.strip()
+        chips = page.locator(".turn .tok")
+        assert chips.count() == MAX_TOKENS
+        page.locator(".turn button.more", has_text=f"show all {len(ids):,} tokens").click()
+        page.wait_for_function(f"document.querySelectorAll('.turn .tok').length === {len(ids)}")
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.dataset.id))") == ids
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.dataset.lp))") == logprobs
+    finally:
+        page.close()
+        served.stop()
+
+
 # -- find ---------------------------------------------------------------------------------------
 
 
@@ -399,6 +467,15 @@ def test_filtering_by_an_untrainable_cause_finds_exactly_its_runs(viewer, runs, 
     }
     assert found == expected
     shots.take(page, "viewer-find")
+    rows.first.click()  # the run says which turn cannot train, and why
+    ready(page, "run")
+    turn = page.locator('.conversation[data-conversation="0"] .turn').first
+    assert turn.get_attribute("data-trainable") == "no"
+    assert turn.locator(".why").inner_text().startswith("Untrainable: no logprobs")
+    classes = turn.locator(".tok").evaluate_all("cs => cs.map(c => c.className)")
+    assert classes and set(classes) == {"tok context no-lp"}  # ids, but no logprob to shade by
+    page.go_back()
+    ready(page, "find")
     page.locator('input[name="text"]').fill("tool crashed")  # text: none of these runs
     page.locator('button[type="submit"]').click()
     page.wait_for_selector('.found[data-total="0"]')
@@ -481,6 +558,7 @@ def test_a_bad_run_folder_gives_a_clear_page(runs, browser, tmp_path, shots):
         assert "Traceback" not in text
         boxes = page.locator(".problem")
         first, second = boxes.nth(0).inner_text(), boxes.nth(1).inner_text()
+        assert page.locator(".charts").is_hidden()  # no run to chart
         assert "notes cannot be shown" in first
         assert f"{not_a_run} is not a run folder" in first or "output_dir" in first
         assert "What to do:" in first

@@ -208,7 +208,8 @@ class Viewer:
             "runs": [
                 {
                     "index": s.index,
-                    "path": str(s.path),
+                    "path": s.given,
+                    "absolute": str(s.path),
                     "label": s.label,
                     "kind": s.kind,
                     "state": s.state,

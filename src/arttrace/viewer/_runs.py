@@ -90,8 +90,10 @@ def problem_of(path: Path, error: BaseException) -> Problem:
 class RunSlot:
     """One folder given to ``arttrace view``: its store once open, or why it is not."""
 
-    def __init__(self, index: int, path: Path, label: str) -> None:
+    def __init__(self, index: int, path: Path, label: str, given: str) -> None:
         self.index, self.path, self.label = index, path, label
+        self.given = given
+        """The path as the command line gave it (what the pages show)."""
         self.state: State = "opening"
         self.problem: Problem | None = None
         self.kind: str | None = None
@@ -206,7 +208,10 @@ class Runs:
     """The folders, and the timer that keeps them current."""
 
     def __init__(self, paths: list[Path], refresh_seconds: float = REFRESH_SECONDS) -> None:
-        self.slots = [RunSlot(i, p, label) for i, (p, label) in enumerate(_labelled(paths))]
+        self.slots = [
+            RunSlot(i, p, label, str(given))
+            for i, ((p, label), given) in enumerate(zip(_labelled(paths), paths, strict=True))
+        ]
         self.refresh_seconds = refresh_seconds
         self._stop = threading.Event()
         self._timer = threading.Thread(

@@ -36,13 +36,24 @@ export function clear(el) {
   return el;
 }
 
+const FORMATS = new Map();
+
+function format(places) {
+  let found = FORMATS.get(places);
+  if (!found) {
+    found = new Intl.NumberFormat("en-US", { maximumFractionDigits: places });
+    FORMATS.set(places, found);
+  }
+  return found;
+}
+
 /** A number for people: up to 4 decimals (trailing zeros dropped), thousands grouped. */
 export function num(value, decimals = 4) {
   if (value === null || value === undefined || Number.isNaN(value)) return "—";
-  if (Number.isInteger(value)) return value.toLocaleString("en-US");
+  if (Number.isInteger(value)) return Math.abs(value) < 1000 ? String(value) : format(0).format(value);
   const abs = Math.abs(value);
   const places = abs >= 1000 ? 0 : abs >= 100 ? 1 : decimals;
-  return Number(value.toFixed(places)).toLocaleString("en-US", { maximumFractionDigits: places });
+  return format(places).format(Number(value.toFixed(places)));
 }
 
 export function seconds(value) {

@@ -133,6 +133,9 @@ async function start() {
     return;
   }
   drawFolders();
+  const live = document.getElementById("live");
+  live.textContent = "● live";
+  live.className = "live on";
   window.addEventListener("hashchange", show);
   await show();
   const loop = async () => {

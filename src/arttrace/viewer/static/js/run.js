@@ -27,7 +27,22 @@ function contentText(content) {
 }
 
 function cutNote(message) {
-  return message._cut ? h("p", { class: "muted small", text: `(${num(message._cut)} more characters: “show whole turn” below gives them)` }) : null;
+  return message._cut ? h("p", { class: "muted small cut", text: `(${num(message._cut)} more characters not shown)` }) : null;
+}
+
+/** A button that puts the whole message (its text uncut) in place of ``body``'s. */
+function wholeButton(message, runPath, at, label) {
+  if (!message._cut) return null;
+  return h("button", {
+    class: "more",
+    text: label,
+    onclick: async (event) => {
+      const full = await get(`${runPath}/items/${at[0]}/${at[1]}`, { offset: 0, limit: 1 });
+      const item = event.target.closest(".msg");
+      fill(item.querySelector(".msg-body"), messageBody(full.message));
+      event.target.remove();
+    },
+  });
 }
 
 function toolCalls(calls) {
@@ -58,14 +73,20 @@ function messageBody(message) {
   ];
 }
 
-function messageItem(message) {
+function messageItem(message, runPath, at) {
   const role = message.role || "?";
   const head = [h("span", { class: "role", text: role })];
   if (role === "tool") {
     head.push(h("span", { class: "muted small", text: `result of ${message.tool_call_id || "a tool call"}${message.name ? ` (${message.name})` : ""}` }));
   }
   if (role === "assistant") head.push(h("span", { class: "muted small", text: "in the prompt, not sampled in this run: context" }));
-  return h("div", { class: `msg ${role}`, dataset: { role } }, h("div", { class: "msg-head" }, head), messageBody(message));
+  return h(
+    "div",
+    { class: `msg ${role}`, dataset: { role } },
+    h("div", { class: "msg-head" }, head),
+    h("div", { class: "msg-body" }, messageBody(message)),
+    wholeButton(message, runPath, at, "show the whole message"),
+  );
 }
 
 // -- tokens ---------------------------------------------------------------------------------
@@ -146,24 +167,14 @@ function turnItem(turn, runPath, at) {
     ? h("p", { class: `why ${turn.cause ? "cause" : ""}`, dataset: { cause: turn.cause || "" } }, h("strong", { text: turn.cause ? "Untrainable: " : "Context: " }), turn.cause || turn.why, turn.fix ? h("span", { class: "fix", text: ` — ${turn.fix}` }) : null)
     : null;
   const errors = [turn.error && `error: ${turn.error}`, turn.capture_error && `capture: ${turn.capture_error}`, turn.partial && "the response did not arrive whole"].filter(Boolean);
-  const whole = turn.message._cut
-    ? h("button", {
-        class: "more",
-        text: "show whole turn",
-        onclick: async (event) => {
-          const full = await get(`${runPath}/items/${at[0]}/${at[1]}`, { offset: 0, limit: 1 });
-          fill(event.target.closest(".turn").querySelector(".turn-body"), messageBody(full.message));
-        },
-      })
-    : null;
   return h(
     "div",
     { class: `msg assistant turn ${turn.trainable ? "trainable" : "context"}`, dataset: { role: "assistant", trainable: turn.trainable ? "yes" : "no" } },
     head,
     why,
     errors.length ? h("p", { class: "why cause", text: errors.join("; ") }) : null,
-    h("div", { class: "turn-body" }, messageBody(turn.message)),
-    whole,
+    h("div", { class: "msg-body" }, messageBody(turn.message)),
+    wholeButton(turn.message, runPath, at, "show the whole turn"),
     tokenBox(turn, runPath, at),
   );
 }
@@ -177,7 +188,7 @@ function conversation(c, runPath) {
     c.tools && c.tools.length
       ? h("details", { class: "tools" }, h("summary", { text: `tools: ${c.tools.map((t) => (t.function && t.function.name) || t.name || t.type).join(", ")}` }), h("pre", { class: "args", text: JSON.stringify(c.tools, null, 2) }))
       : null,
-    c.items.map((item, i) => (item.kind === "turn" ? turnItem(item, runPath, [c.index, i]) : messageItem(item.message))),
+    c.items.map((item, i) => (item.kind === "turn" ? turnItem(item, runPath, [c.index, i]) : messageItem(item.message, runPath, [c.index, i]))),
     c.items_total > c.items.length ? h("p", { class: "muted", text: `… ${num(c.items_total - c.items.length)} more messages not shown` }) : null,
   );
 }
