@@ -19,6 +19,7 @@ the time until the folder is ready is the first index build as the viewer sees i
   (``VmRSS``) after all of it, and its peak (``VmHWM``).
 
     python bench/bench_viewer.py --runs 100000 --tokens 1000 [--dir /tmp/bench_viewer]
+    python bench/bench_viewer.py --keep --keep-index ...   # again, on the same folder and index
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=50, help="rounds per API call")
     parser.add_argument("--page-repeat", type=int, default=10, help="rounds per page")
     parser.add_argument("--keep", action="store_true", help="keep the folder afterwards")
+    parser.add_argument(
+        "--keep-index", action="store_true", help="use the folder's index from an earlier run"
+    )
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -177,8 +181,9 @@ def main() -> None:
         started = time.perf_counter()
         figures = write_run(folder, args.runs, args.tokens)
         print(f"wrote {args.runs} runs in {time.perf_counter() - started:.0f} s: {figures}")
-    for index in folder.glob(".arttrace-index.sqlite*"):
-        index.unlink()  # the viewer builds its index, as on a run it never saw
+    if not args.keep_index:
+        for index in folder.glob(".arttrace-index.sqlite*"):
+            index.unlink()  # the viewer builds its index, as on a run it never saw
     launched = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, __file__, "--child", str(folder)],

@@ -13,10 +13,11 @@ import asyncio
 import errno
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -103,7 +104,7 @@ class RunSlot:
         self._store: RunStore | None = None
         self._stamp: tuple[object, ...] = ()
         self._retry_at = 0.0
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"arttrace view {index}")
+        self._thread = _Worker(f"arttrace view: {label}")
         self._pending: Future[None] | None = None
         self._closed = False
 
@@ -192,7 +193,10 @@ class RunSlot:
 
         return await asyncio.wrap_future(self._thread.submit(run))
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the store once the folder's thread is free; a first index still under way
+        after ``timeout`` is left to end with the process (the index stays consistent: SQLite
+        rolls back what was not committed)."""
         self._closed = True
 
         def close_store() -> None:
@@ -200,8 +204,41 @@ class RunSlot:
                 self._store.close()
                 self._store = None
 
-        self._thread.submit(close_store)
-        self._thread.shutdown(wait=True, cancel_futures=False)
+        done = self._thread.submit(close_store)
+        self._thread.stop()
+        try:
+            done.result(timeout)
+        except Exception:  # TimeoutError, or the store failing to close: the process ends
+            _log.debug("arttrace view: %s not closed", self.path, exc_info=True)
+
+
+class _Worker:
+    """One daemon thread running what is submitted, in order: a first index of a big run
+    never holds up the viewer's exit."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], object], Future[object]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit[T](self, work: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put((work, future))  # type: ignore[arg-type]
+        return future
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            work, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except BaseException as error:
+                future.set_exception(error)
 
 
 class Runs:
