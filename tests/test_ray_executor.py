@@ -8,22 +8,27 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import art
+import httpx
+import openai
 import pytest
 
 import arttrace as at
 import ray_agents
 from arttrace.executors import InProcessExecutor, RayExecutor
+from arttrace.executors._frozen import freeze, thaw
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
 from arttrace.training._rollout import RolloutRunner
 from ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401  (the fixture)
@@ -354,3 +359,36 @@ def test_with_no_cluster_it_starts_a_quiet_local_ray_and_shuts_it_down_on_close(
     assert done.stderr.strip().splitlines() == ["reward 1.0 ray still up: False"]
     assert "said by the rollout" in done.stdout  # the workers' prints reach the terminal
     assert (tmp_path / ".ray" / "auth_token").exists()  # token auth on, without the warning
+
+
+async def test_the_frozen_form_is_lossless_and_half_the_size_of_json():
+    """What a worker sends back: token ids and logprobs packed, every float64 bit kept."""
+    llm = ScriptedLLM(lambda request: Reply(" ".join(["token"] * 400)))
+    client = openai.AsyncOpenAI(
+        base_url="http://scripted/v1",
+        api_key="k",
+        http_client=httpx.AsyncClient(transport=llm.transport()),
+    )
+    messages: list[Any] = [{"role": "user", "content": "Go."}]
+    with at.trajectory("ex-0", metadata={"step": 3}) as t:
+        for _ in range(3):
+            r = await at.trainable(client.chat.completions.create)(
+                model="policy", messages=messages
+            )
+            messages += [r.choices[0].message.model_dump(exclude_none=True)]
+            messages += [{"role": "user", "content": "More."}]
+        t.reward = 0.5
+    await client.close()
+    rng = random.Random(0)
+    for call in t.calls:  # a real server's logprobs use every bit; ids of a 150k vocabulary
+        for choice in call.choices:
+            assert choice.logprobs is not None and choice.token_ids is not None
+            choice.logprobs = array("d", [-rng.random() * 5 for _ in choice.logprobs])
+            choice.token_ids = array("q", [rng.randrange(150_000) for _ in choice.token_ids])
+    t.calls[0].choices[0].token_ids[0] = 2**40  # an id past 4 bytes is kept as it was
+
+    frozen = freeze(t)
+    assert thaw(frozen).to_dict() == t.to_dict()
+    tokens = sum(c.completion_tokens for c in t.calls)
+    as_json = len(json.dumps(t.to_dict()))
+    assert len(frozen) / tokens < 0.5 * as_json / tokens
