@@ -178,6 +178,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("viewer")
     demo, calc = root / "runs" / "demo", root / "runs" / "calc"
     _warnings.reset()
+    at.instrument()  # the demo instruments too; the calculator's run needs it as well
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
