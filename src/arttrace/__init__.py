@@ -35,6 +35,7 @@ from .executors import Executor, InProcessExecutor
 if TYPE_CHECKING:
     from .executors import RayExecutor
     from .gateway import Gateway
+    from .store import open_run
     from .training import CPUBackend, Curriculum, DryRunBackend, StepResult, Trainer
 
 _TRAINING = frozenset({"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer"})
@@ -51,6 +52,10 @@ def __getattr__(name: str) -> Any:
         from .executors import RayExecutor
 
         return _public(RayExecutor)
+    if name == "open_run":
+        from .store import open_run
+
+        return _public(open_run)
     if name == "Gateway":
         from .gateway import Gateway
 
@@ -96,6 +101,7 @@ __all__ = [
     "current_trajectory",
     "instrument",
     "is_instrumented",
+    "open_run",
     "trainable",
     "trajectory",
     "uninstrument",

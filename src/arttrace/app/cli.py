@@ -19,6 +19,9 @@ from pathlib import Path
 
 from .. import __version__
 from .._errors import ConfigurationError
+from ..exports._command import add_export_command
+from ..store._command import add_runs_command
+from ..viewer._command import add_view_command
 from . import gateway_command, serve_test_model
 from ._args import HelpFormatter
 from ._demo_checks import CPU_EXTRA, check_options, check_out, check_server, missing_cpu_module
@@ -250,6 +253,9 @@ _COMMANDS: list[Callable[[_Subcommands], None]] = [
     _add_demo,
     gateway_command.add_parser,
     serve_test_model.add_parser,
+    add_view_command,
+    add_runs_command,
+    add_export_command,
 ]
 """Each adds one subcommand; ``arttrace --help`` lists them in this order."""
 

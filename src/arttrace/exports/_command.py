@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArttraceError, ConfigurationError
-from ..app._args import checked
+from ..app._args import HelpFormatter, checked
 
 _DESCRIPTION = (
     "Export recorded runs (a Trainer's output_dir, an `arttrace gateway --out` folder, a "
@@ -39,7 +39,9 @@ def _header(text: str) -> str | None:
     return "takes NAME=VALUE, e.g. --header 'Authorization=Bearer ...' (the value is not shown)"
 
 
-def add_export_command(subparsers: Any, formatter_class: type[argparse.HelpFormatter]) -> None:
+def add_export_command(
+    subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
+) -> None:
     """Register ``export`` on the ``arttrace`` command's subparsers."""
     parser = subparsers.add_parser(
         "export",
@@ -63,7 +65,8 @@ def add_export_command(subparsers: Any, formatter_class: type[argparse.HelpForma
         type=Path,
         metavar="PATH",
         help="the file to write (sft: a .jsonl name; parquet: e.g. runs.parquet); it is "
-        "replaced whole when the export succeeds. Required for sft and parquet; not for otlp",
+        "replaced whole when the export succeeds. Required for sft and parquet; not for otlp "
+        "(default: none)",
     )
     parser.add_argument(
         "--best-per-group",

@@ -88,23 +88,35 @@ def add_runs_command(
         "--show",
         type=int,
         metavar="ID",
-        help="print run ID whole, as its file holds it (JSON); ids are in --trajectories",
+        help="print run ID whole, as its file holds it (JSON); ids are in --trajectories "
+        "(default: none, the summary)",
     )
     filters = parser.add_argument_group("filters (of --trajectories and --count)")
     filters.add_argument(
-        "--step", type=int, help="runs of this step (with --groups: this step's groups)"
+        "--step",
+        type=int,
+        help="runs of this step (with --groups: this step's groups) (default: every step)",
     )
-    filters.add_argument("--split", help='runs of this split ("train" in a Trainer\'s folder)')
-    filters.add_argument("--example", metavar="EXAMPLE_ID", help="runs of this example id")
-    filters.add_argument("--min-reward", type=float, help="runs with at least this reward")
-    filters.add_argument("--max-reward", type=float, help="runs with at most this reward")
     filters.add_argument(
-        "--cause", help="runs with this untrainable cause, as --causes lists it (exact)"
+        "--split", help='runs of this split ("train" in a Trainer\'s folder) (default: any)'
+    )
+    filters.add_argument(
+        "--example", metavar="EXAMPLE_ID", help="runs of this example id (default: any)"
+    )
+    filters.add_argument(
+        "--min-reward", type=float, help="runs with at least this reward (default: any)"
+    )
+    filters.add_argument(
+        "--max-reward", type=float, help="runs with at most this reward (default: any)"
+    )
+    filters.add_argument(
+        "--cause",
+        help="runs with this untrainable cause, as --causes lists it (exact) (default: any)",
     )
     filters.add_argument(
         "--text",
         help="runs whose messages (user, assistant, tool, tool call arguments) hold every word "
-        "of TEXT (whole words, word* for a prefix)",
+        "of TEXT (whole words, word* for a prefix) (default: any text)",
     )
     parser.add_argument(
         "--order",

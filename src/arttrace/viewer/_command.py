@@ -15,7 +15,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from ..app._args import port
+from ..app._args import HelpFormatter, port
 
 DEFAULT_PORT = 8788
 _DESCRIPTION = (
@@ -28,7 +28,9 @@ _DESCRIPTION = (
 )
 
 
-def add_view_command(subparsers: Any, formatter_class: type[argparse.HelpFormatter]) -> None:
+def add_view_command(
+    subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
+) -> None:
     """Register ``view`` on the ``arttrace`` command's subparsers."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "view",
