@@ -56,7 +56,14 @@ lint: setup-test
 docs: setup-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-test: setup-test lint
+# The viewer's browser tests drive Debian's chromium (nothing downloads a browser of its own).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get install -y -q --no-install-recommends chromium || \
+	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+
+test: setup-test lint $(CHROMIUM)
 	$(BIN)/pytest -q
 
 bench: setup-test

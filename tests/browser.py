@@ -35,7 +35,10 @@ def chromium() -> Iterator[object]:
     """A browser context (``playwright.sync_api.BrowserContext``) on a fresh user-data-dir,
     removed afterwards."""
     if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; or ARTTRACE_CHROMIUM)")
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: `make test` installs Debian's (apt-get install "
+            "chromium), or point ARTTRACE_CHROMIUM at one"
+        )
     from playwright.sync_api import sync_playwright
 
     profile = tempfile.mkdtemp(prefix="arttrace-chromium-")
