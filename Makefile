@@ -58,10 +58,10 @@ docs: setup-test
 
 # The viewer's browser tests drive Debian's chromium (nothing downloads a browser of its own).
 CHROMIUM := /usr/bin/chromium
-SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 $(CHROMIUM):
-	$(SUDO) apt-get install -y -q --no-install-recommends chromium || \
-	  { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+	sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$sudo apt-get install -y -q --no-install-recommends chromium || \
+	  { $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends chromium; }
 
 test: setup-test lint $(CHROMIUM)
 	$(BIN)/pytest -q
