@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -238,6 +239,11 @@ def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_
     assert (t.reward, t.exception) == (1.0, None)
 
 
+LOST = "(ActorDiedError|ActorUnavailableError)"
+"""How Ray reports a worker that died mid-call: from its death, or first from the dropped
+connection (both are retried)."""
+
+
 def _kill_when_written(pids: Path, count: int) -> int:
     """Kill the process whose PID is line ``count`` of ``pids`` once it is written."""
     deadline = time.monotonic() + 60
@@ -271,9 +277,8 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
         [warning] = [
             r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()
         ]
-        assert "ActorDiedError" in warning and "(attempt 2 of 3)" in warning
+        assert re.search(f"lost its Ray worker: {LOST}: .*\\(attempt 2 of 3\\)", warning)
         assert "'a' (split train, step 0, rollout 3)" in warning
-        print(warning)
 
         caplog.clear()
         executor.max_retries = 0
@@ -283,12 +288,11 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
     finally:
         executor.close()
     assert t.example_id == "a" and t.metadata == metadata and t.reward is None
-    assert t.exception is not None and t.exception["type"] == "ActorDiedError"
+    assert t.exception is not None and re.fullmatch(LOST, t.exception["type"])
     assert "died on each of its 1 tries (max_retries=0)" in t.exception["message"]
-    assert "ActorDiedError" in t.exception["traceback"]
+    assert t.exception["type"] in t.exception["traceback"]
     assert not [r for r in caplog.records if "lost its Ray worker" in r.getMessage()]
     assert len(pids.read_text().split()) == 3
-    print(t.exception["message"])
 
 
 async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
@@ -319,8 +323,9 @@ async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
     nodes = [line.split()[0] for line in log.read_text().splitlines()]
     assert sorted(nodes) == sorted([doomed.node_id, *[ray_cluster.node_ids[0]] * 2])
     [warning] = [r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()]
-    assert "ActorDiedError" in warning and "(attempt 2 of 3)" in warning
-    print(warning)
+    assert re.search(f"lost its Ray worker: {LOST}: ", warning)
+    assert re.search(r"rollout of 'r(\d)' \(rollout \1\) lost", warning)
+    assert "(attempt 2 of 3)" in warning
 
 
 _LOCAL = """
