@@ -46,7 +46,7 @@ The scripted model (``arttrace.testing``) runs in its own process, so its CPU an
 not this process's. Importing ART (for the Trainer) and starting Ray are not timed. The
 rollouts are defined in this script, so Ray sends them by value (cloudpickle).
 
-    python bench/bench_scale.py [--quick] [--only pipeline|ray]
+    python bench/bench_scale.py [--quick] [--rounds N] [--only pipeline|ray|scaling|overhead|memory]
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import functools
 import gc
 import importlib
 import os
@@ -258,11 +259,22 @@ async def pipelined_arm(
     }
 
 
-async def section_pipeline(url: str, steps: int, tmp: Path) -> None:
+def across(
+    runs: list[dict[int, dict[str, Any]]], k: int, figure: str, ratio_to: int | None = None
+) -> float:
+    """The median over rounds of arm ``k``'s ``figure``, or of arm ``ratio_to``'s divided by
+    it (paired per round)."""
+    if ratio_to is None:
+        return statistics.median(r[k][figure] for r in runs)
+    return statistics.median(r[ratio_to][figure] / r[k][figure] for r in runs)
+
+
+async def section_pipeline(url: str, steps: int, rounds: int, tmp: Path) -> None:
     total, ks = CYCLE, (0, 1, 2)
     print(
         f"\n1. Pipelined vs synchronous steps: {steps} steps of {PER_STEP[0]} groups x "
-        f"{PER_STEP[1]} rollouts, R + T = {total} s, max_concurrency = one step's rollouts"
+        f"{PER_STEP[1]} rollouts, R + T = {total} s, max_concurrency = one step's rollouts;"
+        f" {rounds} round(s), medians (ratios: of the per-round ratios)"
     )
     # warm up: connections, the first plot (matplotlib's import), the first Trainer's imports
     await pipelined_arm(tmp / "warm", url, 0.05, 0.05, 1, 4)
@@ -272,47 +284,54 @@ async def section_pipeline(url: str, steps: int, tmp: Path) -> None:
         "  R/T   k  rollouts s  train s  steps/h  vs k=0  ideal   steps/h  vs k=0  ideal"
         "   trainer  rollouts  off-policy"
     )
-    targets: list[tuple[str, float, float]] = []
+    targets: list[tuple[str, list[float], float]] = []
     tails: list[float] = []
-    for n, ratio in enumerate((1 / 3, 1.0, 3.0)):
+    arm = 0
+    for ratio in (1 / 3, 1.0, 3.0):
         rollout = total * ratio / (1 + ratio)
         train = total - rollout
-        rows: dict[int, dict[str, Any]] = {}
-        for k in ks[n % 3 :] + ks[: n % 3]:  # rotating order
-            rows[k] = await pipelined_arm(tmp / f"p-{n}-{k}", url, rollout, train, k, steps)
+        runs: list[dict[int, dict[str, Any]]] = []
+        for _ in range(rounds):
+            rows: dict[int, dict[str, Any]] = {}
+            for k in ks[arm % 3 :] + ks[: arm % 3]:  # rotating order
+                rows[k] = await pipelined_arm(tmp / f"{arm}-{k}", url, rollout, train, k, steps)
+                tails.append(rows[k]["tail"])
+            runs.append(rows)
+            arm += 1
+        median = functools.partial(across, runs)
+
         synchronous = ideal_ends(rollout, train, 0, steps)
         for k in ks:
-            row, base = rows[k], rows[0]
             ends = ideal_ends(rollout, train, k, steps)
             ideal_whole = synchronous[-1] / ends[-1]
             ideal_steady = (synchronous[-1] - synchronous[STEADY_FROM]) / (
                 ends[-1] - ends[STEADY_FROM]
             )
-            whole, steady = base["whole"] / row["whole"], base["steady"] / row["steady"]
-            tails.append(row["tail"])
             print(
-                f"  {ratio:4.2f}  {k}  {row['R']:10.3f}  {row['T']:7.3f}"
-                f"  {3600 * steps / row['whole']:7.0f}  {whole:5.2f}x {ideal_whole:5.2f}x"
-                f"  {3600 / row['steady']:7.0f}  {steady:5.2f}x {ideal_steady:5.2f}x"
-                f"   {row['trainer_wait']:7.3f}  {row['rollout_wait']:8.3f}"
-                f"  {row['off_policy']:10.2f}"
+                f"  {ratio:4.2f}  {k}  {median(k, 'R'):10.3f}  {median(k, 'T'):7.3f}"
+                f"  {3600 * steps / median(k, 'whole'):7.0f}  {median(k, 'whole', 0):5.2f}x"
+                f" {ideal_whole:5.2f}x  {3600 / median(k, 'steady'):7.0f}"
+                f"  {median(k, 'steady', 0):5.2f}x {ideal_steady:5.2f}x"
+                f"   {median(k, 'trainer_wait'):7.3f}  {median(k, 'rollout_wait'):8.3f}"
+                f"  {median(k, 'off_policy'):10.2f}"
             )
             if ratio == 1.0 and k == 1:
                 targets += [
-                    ("whole run", whole, ideal_whole),
-                    ("steady state", steady, ideal_steady),
+                    ("whole run", [r[0]["whole"] / r[1]["whole"] for r in runs], ideal_whole),
+                    ("steady state", [r[0]["steady"] / r[1]["steady"] for r in runs], ideal_steady),
                 ]
-        overhead = 1000 * (rows[0]["steady"] - total)
-        cpu = ", ".join(f"{1000 * rows[k]['cpu']:.0f}" for k in ks)
+        overhead = 1000 * (median(0, "steady") - total)
+        cpu = ", ".join(f"{1000 * median(k, 'cpu'):.0f}" for k in ks)
         print(
             f"        k=0: each step took {overhead:.0f} ms more than R + T;"
             f" this process's CPU per step, k = 0, 1, 2: {cpu} ms"
         )
     for what, got, ideal in targets:
-        verdict = "PASS" if got >= 1.8 else "MISS"
+        verdict = "PASS" if statistics.median(got) >= 1.8 else "MISS"
         print(
-            f"  R = T, k = 1, {what}: {got:.2f}x k=0 (ideal {ideal:.2f}x)"
+            f"  R = T, k = 1, {what}: {statistics.median(got):.2f}x k=0 (ideal {ideal:.2f}x)"
             f"   target >= 1.8x  {verdict}"
+            + (f"   rounds: {', '.join(f'{g:.2f}' for g in got)}" if rounds > 1 else "")
         )
     print(
         f"  after the last step, train() took {1000 * statistics.median(tails):.0f} ms more"
@@ -494,7 +513,8 @@ def settle() -> None:
 
 class RolloutsDone:
     """tracemalloc's figures when a step's rollouts have all finished (``build_groups``
-    starts converting them to ART): what the collected runs hold, and the peak so far."""
+    starts converting them to ART): the peak so far, and what is still allocated after a
+    full collection (the finished runs, and whatever else the rollouts left)."""
 
     def __init__(self) -> None:
         self.current = self.peak = 0
@@ -502,7 +522,9 @@ class RolloutsDone:
 
         def marked(*args: Any) -> Any:
             if tracemalloc.is_tracing():
-                self.current, self.peak = tracemalloc.get_traced_memory()
+                self.peak = tracemalloc.get_traced_memory()[1]
+                gc.collect()  # what the runs hold, not garbage the collector has not reached
+                self.current = tracemalloc.get_traced_memory()[0]
             return original(*args)
 
         step_module.build_groups = marked
@@ -510,12 +532,14 @@ class RolloutsDone:
 
 async def measured_step(trainer: at.Trainer[Any], done: RolloutsDone) -> dict[str, float]:
     """One step under tracemalloc, then one step without it (peak RSS), in bytes per
-    journaled completion token."""
+    journaled completion token. The step's report (its plot, when one is due) runs after
+    the measurement: ``flush`` waits for it outside."""
     settle()
     tracemalloc.start()
     result = await trainer.step()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
+    await trainer.flush()
     traced_tokens = int(result.metrics["trainable_tokens"])
     del result
     settle()
@@ -523,6 +547,7 @@ async def measured_step(trainer: at.Trainer[Any], done: RolloutsDone) -> dict[st
     before = status_kib("VmRSS")
     result = await trainer.step()
     rss = 1024 * (status_kib("VmHWM") - before)
+    await trainer.flush()
     tokens = int(result.metrics["trainable_tokens"])
     return {
         "held when the rollouts finish": done.current / traced_tokens,
@@ -559,6 +584,7 @@ async def section_memory(rounds: int, url: str, tmp: Path) -> None:
     }
     for trainer in trainers.values():
         await trainer.step()  # warm: connections, actors, the first step's allocations
+        await trainer.flush()  # and its report: the first plot
     done = RolloutsDone()
     figures: dict[str, list[dict[str, float]]] = {arm: [] for arm in trainers}
     for r in range(rounds):
@@ -597,22 +623,24 @@ async def main(args: argparse.Namespace) -> None:
     with model_server() as url, tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as tmp:
         if args.only in (None, "pipeline"):
             started = time.perf_counter()
-            await section_pipeline(url, 6 if args.quick else 12, Path(tmp))
+            await section_pipeline(url, 6 if args.quick else 12, args.rounds, Path(tmp))
             print(f"  ({time.perf_counter() - started:.0f} s)")
-        if args.only in (None, "ray"):
+        ray_parts = {"ray": ("scaling", "overhead", "memory")}.get(args.only, (args.only,))
+        if args.only is None or args.only != "pipeline":
             started = time.perf_counter()
             start_ray(16, str(Path(tmp) / "ray"))
             took = time.perf_counter() - started
             print(f"\nRay: a local instance with 16 logical CPUs started in {took:.1f} s")
-            started = time.perf_counter()
-            await section_scaling([1, 16] if args.quick else [1, 2, 4, 8, 16], 4)
-            print(f"  ({time.perf_counter() - started:.0f} s)")
-            started = time.perf_counter()
-            await section_overhead(60 if args.quick else 300, url)
-            print(f"  ({time.perf_counter() - started:.0f} s)")
-            started = time.perf_counter()
-            await section_memory(1 if args.quick else 2, url, Path(tmp))
-            print(f"  ({time.perf_counter() - started:.0f} s)")
+            parts = {
+                "scaling": lambda: section_scaling([1, 8] if args.quick else [1, 2, 4, 8, 16], 4),
+                "overhead": lambda: section_overhead(60 if args.quick else 300, url),
+                "memory": lambda: section_memory(1 if args.quick else 2, url, Path(tmp)),
+            }
+            for name, part in parts.items():
+                if args.only is None or name in ray_parts:
+                    started = time.perf_counter()
+                    await part()
+                    print(f"  ({time.perf_counter() - started:.0f} s)")
             import ray
 
             ray.shutdown()
@@ -626,5 +654,12 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer steps, workers and runs")
-    parser.add_argument("--only", choices=("pipeline", "ray"), help="one section")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of section 1's arms (tighter figures)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("pipeline", "ray", "scaling", "overhead", "memory"),
+        help="one section (ray: scaling, overhead and memory)",
+    )
     asyncio.run(main(parser.parse_args()))
