@@ -10,9 +10,11 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from array import array
@@ -352,14 +354,18 @@ def test_with_no_cluster_it_starts_a_quiet_local_ray_and_shuts_it_down_on_close(
     """What a first run on a laptop does (its own process: this one is on the test cluster)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)  # Ray keeps the local instance's token in ~/.ray
-    done = subprocess.run(
-        [sys.executable, "-c", _LOCAL],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # its sessions' folders (short paths)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _LOCAL],
+            env={**env, "RAY_TMPDIR": temp},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines() == ["reward 1.0 ray still up: False"]
     assert "said by the rollout" in done.stdout  # the workers' prints reach the terminal
