@@ -1,6 +1,6 @@
 """One real Ray cluster for the tests: a head node and a worker node, each its own raylet and
-processes on 127.0.0.1, started once per session (it takes ~20 s on 2 cores) and torn down
-after.
+processes on this machine (at its own address: with ``node_ip_address="127.0.0.1"`` Ray 2.60's
+driver cannot reach the GCS), started once per session (~20 s on 2 cores) and torn down after.
 
 The nodes' worker processes can import the test modules (this folder is on their
 ``PYTHONPATH``, as an agent's package is installed on real nodes); a module elsewhere is
