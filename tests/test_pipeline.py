@@ -135,6 +135,28 @@ async def test_rollouts_overlap_training_but_never_sample_a_policy_more_than_k_s
         assert m["runs_stale_dropped"] == 0
 
 
+async def test_a_run_queued_for_a_slot_records_the_policy_it_starts_on(tmp_path, server):
+    """With fewer slots than runs, a run of step 1 queued behind others may start after step
+    0 has trained: it samples from that newer policy, and says so."""
+    backend = TimedBackend(0.2)
+    trainer = make(
+        tmp_path,
+        SlowAgent(0.05, model_url(server)),
+        backend,
+        train_dataset=dataset(6),
+        max_steps_off_policy=1,
+        max_concurrency=2,
+    )
+    await trainer.train(num_steps=3)
+    trained = [end for _, end in backend.spans]
+    for s in range(3):
+        for t in runs(tmp_path / "out", s):
+            before = sum(end <= t["started_at"] for end in trained)
+            # trained before it started; at most one step newer, its count not yet recorded
+            assert before - 1 <= t["metadata"]["policy_step"] <= before, (s, t["metadata"])
+    assert {t["metadata"]["policy_step"] for t in runs(tmp_path / "out", 1)} == {0, 1}
+
+
 async def test_step_alone_stays_synchronous(tmp_path, server):
     """Pipelining is train()'s: step() runs its rollouts on the policy trained so far."""
     backend = TimedBackend(0.05)

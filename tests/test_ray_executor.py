@@ -81,7 +81,9 @@ async def run_group(executor: Any, batch: list[dict[str, Any]]) -> dict[tuple[st
     keys = [(example["id"], k) for example in batch for k in range(GROUP)]
     runs = await asyncio.gather(
         *(
-            executor.run(example["id"], example, {"split": "train", "step": 0, "rollout": k})
+            executor.run(
+                example["id"], example, lambda k=k: {"split": "train", "step": 0, "rollout": k}
+            )
             for example in batch
             for k in range(GROUP)
         )
@@ -235,7 +237,7 @@ def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_
     )
     executor.bind(runner, [{"id": "a"}], 1)
     try:
-        t = asyncio.run(executor.run("a", {"id": "a"}, {"rollout": 0}))
+        t = asyncio.run(executor.run("a", {"id": "a"}, lambda: {"rollout": 0}))
     finally:
         executor.close()
     assert (t.reward, t.exception) == (1.0, None)
@@ -269,7 +271,7 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
     metadata = {"split": "train", "step": 0, "rollout": 3}
     try:
         with caplog.at_level(logging.WARNING, logger="arttrace"):
-            run = asyncio.ensure_future(executor.run("a", example, metadata))
+            run = asyncio.ensure_future(executor.run("a", example, lambda: metadata))
             killed = await asyncio.to_thread(_kill_when_written, pids, 1)
             t = await asyncio.wait_for(run, 60)
         # the first try was killed, the second ran on another worker and came back, once
@@ -284,7 +286,7 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
 
         caplog.clear()
         executor.max_retries = 0
-        run = asyncio.ensure_future(executor.run("a", {**example, "hang": 9}, metadata))
+        run = asyncio.ensure_future(executor.run("a", {**example, "hang": 9}, lambda: metadata))
         await asyncio.to_thread(_kill_when_written, pids, 3)
         t = await asyncio.wait_for(run, 60)
     finally:
@@ -309,7 +311,7 @@ async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
     try:
         with caplog.at_level(logging.WARNING, logger="arttrace"):
             runs = [
-                asyncio.ensure_future(executor.run(f"r{k}", example, {"rollout": k}))
+                asyncio.ensure_future(executor.run(f"r{k}", example, lambda k=k: {"rollout": k}))
                 for k in range(2)
             ]
             while doomed.node_id not in (log.read_text() if log.exists() else ""):
@@ -343,7 +345,7 @@ async def rollout(example):
 at.instrument()
 executor = at.RayExecutor(max_in_flight=1)
 executor.bind(RolloutRunner(rollout, None, 1), [{"id": "a"}], 1)
-t = asyncio.run(executor.run("a", {"id": "a"}, {"rollout": 0}))
+t = asyncio.run(executor.run("a", {"id": "a"}, lambda: {"rollout": 0}))
 executor.close()
 executor.close()
 print("reward", t.reward, "ray still up:", ray.is_initialized(), file=sys.stderr)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -30,11 +30,16 @@ class Executor(Protocol):
         ...
 
     async def run(
-        self, example_id: str, example: Any, metadata: dict[str, MetadataValue]
+        self,
+        example_id: str,
+        example: Any,
+        metadata: Callable[[], dict[str, MetadataValue]],
     ) -> Trajectory:
         """One rollout of ``example`` in a fresh trajectory opened with ``example_id`` and
-        ``metadata``, with its reward; the finished run, never raising for its failure.
-        Waits while the executor's limit of rollouts in flight is reached."""
+        ``metadata()``, with its reward; the finished run, never raising for its failure.
+        Waits while the executor's limit of rollouts in flight is reached, and only then
+        calls ``metadata()`` (again for each try): it names the policy the run samples from,
+        which a step trained in the meantime has changed."""
         ...
 
     def close(self) -> None:
@@ -57,12 +62,15 @@ class InProcessExecutor:
             self.max_concurrency = concurrency
 
     async def run(
-        self, example_id: str, example: Any, metadata: dict[str, MetadataValue]
+        self,
+        example_id: str,
+        example: Any,
+        metadata: Callable[[], dict[str, MetadataValue]],
     ) -> Trajectory:
         if self._runner is None:
             raise RuntimeError("InProcessExecutor.run before bind: pass it to a Trainer")
         async with self._semaphore():
-            return await self._runner.run(example_id, example, metadata)
+            return await self._runner.run(example_id, example, metadata())
 
     def _semaphore(self) -> asyncio.Semaphore:
         """The limit, one per event loop (each ``asyncio.run`` has its own)."""

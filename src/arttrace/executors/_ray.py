@@ -719,9 +719,14 @@ class RayExecutor:
     # -- run -------------------------------------------------------------------------------
 
     async def run(
-        self, example_id: str, example: Any, metadata: dict[str, MetadataValue]
+        self,
+        example_id: str,
+        example: Any,
+        metadata: Callable[[], dict[str, MetadataValue]],
     ) -> Trajectory:
-        """One rollout on the cluster; see the class docstring for retries and failures."""
+        """One rollout on the cluster; see the class docstring for retries and failures.
+        ``metadata()`` is asked each time a worker takes the rollout (a retry samples from the
+        policy of its own time)."""
         if self._pool is None:
             raise RuntimeError("RayExecutor.run before bind: pass it to a Trainer")
         pool = self._pool
@@ -732,6 +737,7 @@ class RayExecutor:
         started = time.time()
         causes: list[str] = []
         attempts = self.max_retries + 1
+        meta = metadata()
         for attempt in range(1, attempts + 1):
             try:
                 member = await pool.acquire()
@@ -742,9 +748,10 @@ class RayExecutor:
                     "check the nodes' logs (ray logs) and the runtime_env"
                 )
                 return _failed(
-                    example_id, metadata, type(cause).__name__, message, _trace(cause), started
+                    example_id, meta, type(cause).__name__, message, _trace(cause), started
                 )
-            ref = member.actor.run.remote(example_id, example, dict(metadata), wanted)
+            meta = metadata()  # once it starts: the policy it samples from
+            ref = member.actor.run.remote(example_id, example, meta, wanted)
             try:
                 blob = await ref
             except asyncio.CancelledError:
@@ -760,7 +767,7 @@ class RayExecutor:
                         "arttrace: rollout of %r (%s) lost its Ray worker: %s; running it "
                         "again on another worker (attempt %d of %d)",
                         example_id,
-                        _slot(metadata),
+                        _slot(meta),
                         causes[-1],
                         attempt + 1,
                         attempts,
@@ -768,7 +775,7 @@ class RayExecutor:
                     continue
                 return _failed(
                     example_id,
-                    metadata,
+                    meta,
                     type(error).__name__,
                     _exhausted(causes, self.max_retries),
                     _trace(error),
@@ -779,7 +786,7 @@ class RayExecutor:
                 cause = getattr(error, "cause", None) or error
                 message = f"the rollout failed on its Ray worker: {_summary(error)}"
                 return _failed(
-                    example_id, metadata, type(cause).__name__, message, _trace(error), started
+                    example_id, meta, type(cause).__name__, message, _trace(error), started
                 )
             pool.release(member)
             try:
@@ -787,7 +794,7 @@ class RayExecutor:
             except Exception as error:
                 message = f"the trajectory a Ray worker sent could not be read: {error}"
                 return _failed(
-                    example_id, metadata, type(error).__name__, message, _trace(error), started
+                    example_id, meta, type(error).__name__, message, _trace(error), started
                 )
         raise AssertionError("unreachable")  # pragma: no cover
 

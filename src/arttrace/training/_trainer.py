@@ -204,7 +204,6 @@ class Trainer[ExampleT]:
         self.val_dataset: list[ExampleT] = (
             [] if val_dataset is None else read_dataset(val_dataset, "val_dataset")
         )
-        self._bind()
         self.output_dir = self.config.output_dir
         self.journal = Journal(self.output_dir)
         self.reporter = Reporter(
@@ -214,6 +213,7 @@ class Trainer[ExampleT]:
         self.completed_steps: int = state.get("completed_steps", 0)
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
+        self._bind()  # last: a Trainer that fails to build leaves no workers behind
 
     @property
     def rollout(self) -> Rollout[ExampleT]:
@@ -339,12 +339,16 @@ class Trainer[ExampleT]:
         self, example_id: str, example: ExampleT, split: str, step: int, rollout: int
     ) -> Trajectory:
         """One run of ``example`` in its own trajectory, with its reward."""
-        metadata: dict[str, MetadataValue] = {
-            "split": split,
-            "step": step,
-            "rollout": rollout,
-            "policy_step": self.completed_steps,
-        }
+
+        def metadata() -> dict[str, MetadataValue]:
+            """Asked when the run starts: the policy it samples from is the latest trained."""
+            return {
+                "split": split,
+                "step": step,
+                "rollout": rollout,
+                "policy_step": self.completed_steps,
+            }
+
         return await self.executor.run(example_id, example, metadata)
 
     def close(self) -> None:
