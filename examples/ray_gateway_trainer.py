@@ -2,7 +2,7 @@
 worker, which serves its runs' gateway URLs itself and starts `gateway_agent.py` there.
 
     python examples/ray_gateway_trainer.py                # a local Ray, scripted model
-    python examples/ray_gateway_trainer.py --address auto # your running Ray cluster
+    python examples/ray_gateway_trainer.py --address auto --upstream http://vllm:8000/v1
 
 Each worker process starts one `arttrace.Gateway` the first time a rollout needs it; the agent
 it starts calls its run's URL on that worker, so the calls are recorded into the run right
@@ -14,6 +14,7 @@ also need this folder: `RayExecutor(runtime_env={"working_dir": "examples"})`.
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -59,9 +60,15 @@ def make_rollout(upstream: str) -> Any:
     return rollout
 
 
-async def main(out: Path, address: str | None = None) -> at.StepResult:
+async def main(
+    out: Path, address: str | None = None, upstream: str | None = None, steps: int = 1
+) -> list[at.StepResult]:
+    """Train ``steps`` steps in ``out`` (continuing the run there, if any) against
+    ``upstream`` (default: the scripted model, served here)."""
     dataset = [{"id": f"q-{i}", "a": 10 + i, "b": 20 + i} for i in range(2)]
-    with serve(calculator_model()) as upstream:
+    with contextlib.ExitStack() as stack:
+        if upstream is None:
+            upstream = stack.enter_context(serve(calculator_model())).base_url
         model: art.TrainableModel[Any] = art.TrainableModel(
             name="calculator-policy",
             project="arttrace-gateway",
@@ -74,28 +81,33 @@ async def main(out: Path, address: str | None = None) -> at.StepResult:
         trainer = at.Trainer(
             model,
             backend,
-            make_rollout(upstream.base_url),
+            make_rollout(upstream),
             dataset,
             group_size=4,
             groups_per_step=2,
             output_dir=out,
+            resume=True,  # run again after a crash: only the runs the journal lacks
             executor=at.RayExecutor(address, max_in_flight=4, num_cpus=0.5),
         )
-        try:
-            (result,) = await trainer.train(num_steps=1)
-        finally:
-            trainer.close()
+        stack.callback(trainer.close)
+        results = await trainer.train(num_steps=steps)
 
-    print(f"1 GRPO step over {len(dataset)} questions x 4 subprocess runs on Ray workers:")
-    for key in ("reward_mean", "groups_kept", "groups_dropped", "trainable_tokens"):
-        print(f"  {key:<18} {result.metrics[key]:g}")
+    print(f"{steps} GRPO step(s) over {len(dataset)} questions x 4 subprocess runs on Ray workers:")
+    for result in results:
+        print(f"  step {result.step}:", end="")
+        for key in ("reward_mean", "groups_kept", "trainable_tokens"):
+            print(f"  {key} {result.metrics[key]:g}", end="")
+        print()
     print(f"  every run: {out / 'journal'}   what ART would train on: {out / 'dry_run'}")
-    return result
+    return results
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", help="a Ray cluster's address (default: a local Ray)")
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default: a temp one)")
+    parser.add_argument("--out", type=Path, help="run folder (default: a new temporary one)")
+    parser.add_argument("--upstream", help="the policy server's /v1 URL (default: scripted)")
+    parser.add_argument("--steps", type=int, default=1, help="GRPO steps in all (default: 1)")
     args = parser.parse_args()
-    asyncio.run(main(args.out or Path(tempfile.mkdtemp()), args.address))
+    out = args.out or Path(tempfile.mkdtemp())
+    asyncio.run(main(out, args.address, args.upstream, args.steps))

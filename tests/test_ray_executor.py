@@ -35,6 +35,7 @@ from arttrace.executors._frozen import freeze, thaw
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
 from arttrace.training._rollout import RolloutRunner
 from ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401  (the fixture)
+from ray_driver import EXAMPLES, drivers, run_example
 
 pytestmark = pytest.mark.usefixtures("instrumented")
 
@@ -405,3 +406,59 @@ async def test_the_frozen_form_is_lossless_and_half_the_size_of_json():
     tokens = sum(c.completion_tokens for c in t.calls)
     as_json = len(json.dumps(t.to_dict()))
     assert len(frozen) / tokens < 0.5 * as_json / tokens
+
+
+# -- the driver killed; the gateway on the workers ------------------------------------------
+
+
+def test_a_driver_killed_mid_step_resumes_each_slot_once_training_a_subprocess_agent(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """examples/ray_gateway_trainer.py as the driver: each rollout starts a subprocess agent on
+    a Ray worker, whose calls go to that worker's own gateway. Killed with SIGKILL mid-step,
+    then run again (resume=True): every slot of the step is journaled exactly once, with the
+    calls the workers' gateways recorded (exact tokens), and the step ships."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from gateway_trainer import calculator_model
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    out = tmp_path / "run"
+    with serve(calculator_model()) as upstream:
+        argv = (
+            *("--address", ray_cluster.address, "--out", str(out)),
+            *("--upstream", upstream.base_url, "--steps", "1"),
+        )
+        first = drivers().Process(target=run_example, args=("ray_gateway_trainer.py", *argv))
+        first.start()
+        rollouts = out / "journal" / "step-00000" / "rollouts.jsonl"
+        deadline = time.monotonic() + 240
+        while not (rollouts.exists() and rollouts.read_bytes().count(b"\n") >= 3):
+            assert first.is_alive(), f"the driver exited with {first.exitcode}"
+            assert time.monotonic() < deadline, "no rollout journaled in 240 s"
+            time.sleep(0.05)
+        first.kill()  # SIGKILL, mid-step: some slots journaled, others in flight
+        first.join()
+        assert rollouts.read_bytes().count(b"\n") < 8
+        again = drivers().Process(target=run_example, args=("ray_gateway_trainer.py", *argv))
+        again.start()
+        again.join(400)
+    assert again.exitcode == 0, again.exitcode
+
+    for step in (0,):
+        lines = [
+            json.loads(line)
+            for line in (out / "journal" / f"step-{step:05d}" / "rollouts.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        slots = [tuple(line["slot"]) for line in lines]
+        assert sorted(slots) == [(p, k) for p in range(2) for k in range(4)]  # each once
+        for line in lines:
+            calls = line["trajectory"]["calls"]
+            assert calls and {c["source"] for c in calls} == {"gateway"}
+            assert all(c["choices"][0]["token_ids"] for c in calls if c["trainable"])
+        assert (out / "journal" / f"step-{step:05d}" / "shipped.json").exists()
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0]
+    assert metrics[0]["trainable_tokens"] > 0  # groups with signal shipped
