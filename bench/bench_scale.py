@@ -10,21 +10,24 @@
    speed-up is (R + T) / max(R, T), at most 2x. Steps per hour two ways: over the whole run
    (from ``train()``'s call to the end of the last step's training: it includes filling the
    pipeline), next to the ideal of that schedule (simulated with no overhead); and in steady
-   state, from the end of step 2's training to the end of the last, next to
-   (R + T) / max(R, T). Also: how long each step waited for the other side (the steps'
-   ``trainer_wait_seconds`` and ``rollout_wait_seconds``), how stale the runs were
-   (``off_policy_steps_mean``), and this process's CPU per step (it runs the LLM calls'
-   client side and the Trainer's own work, on one event loop). The arms of one R/T run back
-   to back, in rotating order, after an unmeasured warm-up run.
+   state, from the end of step 2's training to the end of the last (before it the pipeline
+   fills and the first reward plot is waited for), next to (R + T) / max(R, T). Also: how
+   long each step waited for the other side (the steps' ``trainer_wait_seconds`` and
+   ``rollout_wait_seconds``), how stale the runs were (``off_policy_steps_mean``), and this
+   process's CPU per step (it runs the LLM calls' client side and the Trainer's own work,
+   on one event loop). The arms of one R/T run back
+   to back, in rotating order, after an unmeasured warm-up run; ``--rounds N`` repeats them
+   (medians of the per-round ratios).
 2. Ray (``RayExecutor``), on a local Ray instance started here with 16 logical CPUs (the
    machine may have fewer cores: these rollouts wait more than they compute).
    a. Scaling: 4 x n rollouts that each wait 1 s (a sandbox, a remote model) submitted at
       once to ``RayExecutor(max_in_flight=n, num_cpus=1)`` directly (``executor.run``, as a
       Trainer step submits a step's rollouts; no Trainer, so only the executor is timed),
-      for n = 1..16 workers, after every actor has started and run once: runs per second
-      against the ideal n per second, and against ``InProcessExecutor(n)`` on the same runs
-      (measured while the Ray actors start: it only waits). Also the seconds from
-      ``RayExecutor`` to all n actors started. Target: >= 0.8 x n up to 16.
+      for n = 1, 2, 4, 8, 16 workers (``--quick``: 1 and 8), after every actor has started
+      and run once: runs per second against the ideal n per second, and against
+      ``InProcessExecutor(n)`` on the same runs (measured while the Ray actors start: it only
+      waits). Also the seconds from ``RayExecutor`` to all n actors started. Target:
+      >= 0.8 x n up to 16.
    b. Added cost per rollout: the same rollout run one at a time through
       ``InProcessExecutor`` and through ``RayExecutor`` (one warm actor), in alternating
       blocks of 10; a trivial rollout (returns its reward at once) and one making a real LLM
@@ -58,6 +61,7 @@ import ctypes
 import functools
 import gc
 import importlib
+import logging
 import os
 import statistics
 import subprocess
@@ -183,7 +187,7 @@ def make_trainer(
     out: Path, rollout: Any, backend: Any, per_step: tuple[int, int], **kwargs: Any
 ) -> at.Trainer[Any]:
     groups, size = per_step
-    model = art.TrainableModel(
+    model: art.TrainableModel[Any] = art.TrainableModel(
         name="bench",
         run_name="bench",
         project="bench",
@@ -265,8 +269,8 @@ def across(
     """The median over rounds of arm ``k``'s ``figure``, or of arm ``ratio_to``'s divided by
     it (paired per round)."""
     if ratio_to is None:
-        return statistics.median(r[k][figure] for r in runs)
-    return statistics.median(r[ratio_to][figure] / r[k][figure] for r in runs)
+        return float(statistics.median(r[k][figure] for r in runs))
+    return float(statistics.median(r[ratio_to][figure] / r[k][figure] for r in runs))
 
 
 async def section_pipeline(url: str, steps: int, rounds: int, tmp: Path) -> None:
@@ -358,7 +362,7 @@ def start_ray(cpus: int, temp: str) -> None:
         address="local",
         num_cpus=cpus,
         include_dashboard=False,
-        logging_level="WARNING",
+        logging_level=logging.WARNING,
         object_store_memory=200 * 2**20,
         _temp_dir=temp,
     )
@@ -372,6 +376,7 @@ def bound_ray(rollout: Any, n: int, examples: list[dict[str, Any]]) -> tuple[Any
     started = time.perf_counter()
     executor = at.RayExecutor(max_in_flight=n, num_cpus=1)
     executor.bind(RolloutRunner(rollout, None, n), examples, n)
+    assert executor._pool is not None
     ray.get([member.ready for member in executor._pool.members])  # all started (private)
     return executor, time.perf_counter() - started
 
@@ -468,7 +473,7 @@ async def section_overhead(count: int, url: str) -> None:
         local, ray_ = times["in-process"], times["Ray"]
         added = 1000 * (statistics.median(ray_) - statistics.median(local))
         verdict = "PASS" if added <= 5 else "MISS"
-        p50, p99 = statistics.median, lambda v: percentile(v, 0.99)
+        p50, p99 = statistics.median, functools.partial(percentile, q=0.99)
         print(
             f"  {name:14s}  {ms(p50(local)):8.2f} / {ms(p99(local)):6.2f}"
             f"        {ms(p50(ray_)):6.2f} / {ms(p99(ray_)):6.2f}"
@@ -529,7 +534,7 @@ class RolloutsDone:
                 self.current = tracemalloc.get_traced_memory()[0]
             return original(*args)
 
-        step_module.build_groups = marked
+        setattr(step_module, "build_groups", marked)  # noqa: B010  (a module's name)
 
 
 async def measured_step(trainer: at.Trainer[Any], done: RolloutsDone) -> dict[str, float]:
@@ -634,9 +639,11 @@ async def main(args: argparse.Namespace) -> None:
             took = time.perf_counter() - started
             print(f"\nRay: a local instance with 16 logical CPUs started in {took:.1f} s")
             parts = {
-                "scaling": lambda: section_scaling([1, 8] if args.quick else [1, 2, 4, 8, 16], 4),
-                "overhead": lambda: section_overhead(60 if args.quick else 300, url),
-                "memory": lambda: section_memory(1 if args.quick else 2, url, Path(tmp)),
+                "scaling": functools.partial(
+                    section_scaling, [1, 8] if args.quick else [1, 2, 4, 8, 16], 4
+                ),
+                "overhead": functools.partial(section_overhead, 60 if args.quick else 300, url),
+                "memory": functools.partial(section_memory, 1 if args.quick else 2, url, Path(tmp)),
             }
             for name, part in parts.items():
                 if args.only is None or name in ray_parts:
