@@ -3,18 +3,24 @@
 The runs are real: the demo's (``arttrace demo --backend dry-run``), and a Trainer run of a
 calculator agent on scripted OpenAI-protocol servers (tests/served's kind, over loopback HTTP)
 whose runs hold what the viewer must show: tool calls, a sub-agent's conversation (context),
-an example served without logprobs (untrainable), a run that raised, validation.
+an example served without logprobs (untrainable), a run that raised, validation. The
+calculator's servers render with the offline Qwen2.5 tokenizer, so its runs hold Qwen2.5's
+token ids, which the viewer turns back into text with that tokenizer; a short CPU demo (the
+default ``arttrace demo``) saves its own tokenizer, which the viewer finds by itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import concurrent.futures
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,10 +35,11 @@ import pytest
 
 import arttrace as at
 from arttrace.capture import _warnings
-from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+from arttrace.testing import HFChatTokenizer, Reply, ScriptedLLM, ToolCall, serve
 from arttrace.viewer import Viewer
 from arttrace.viewer._runs import problem_of
 from browser import Screenshots, chromium
+from qwen import qwen_tokenizer
 
 LIVE_SECONDS = 2.0
 """A line appended to a journal is on the page within this."""
@@ -77,7 +84,7 @@ def calculator_model(**options: Any) -> ScriptedLLM:
             wrong = asked[last["content"]] % 3 == 2 and a >= 10  # validation's: always right
         return Reply(tool_calls=[ToolCall("add", {"a": a, "b": b + wrong})])
 
-    return ScriptedLLM(respond, **options)
+    return ScriptedLLM(respond, tokenizer=HFChatTokenizer(qwen_tokenizer()), **options)
 
 
 def calculator(client: Any) -> Any:
@@ -190,6 +197,35 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     given = {type(w.message) for w in caught}
     assert at.UntrainableTurnWarning in given  # the example served without logprobs, told
     return {"demo": demo, "calc": calc}
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Qwen2.5 tokenizer the calculator's servers use, saved as a model folder holds it."""
+    folder = tmp_path_factory.mktemp("tokenizer") / "models" / "qwen2.5-instruct"
+    qwen_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cpu_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CPU demo (``arttrace demo``'s default), as short as it runs: its tiny Qwen2 samples
+    Qwen2.5 token ids, and each checkpoint it saves holds the tokenizer."""
+    import torch
+
+    from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
+
+    out = tmp_path_factory.mktemp("cpu") / "demo"
+    torch.manual_seed(0)
+    settings = CPUSettings(examples=1, rollouts=2, steps=1, warm_up_batches=1, validation=1)
+    _warnings.reset()
+    try:  # on a thread of its own: the browser's Playwright runs an event loop on this one
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            thread.submit(asyncio.run, run_greeter_demo(out, settings=settings)).result()
+    finally:
+        at.uninstrument()
+        _warnings.reset()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -347,7 +383,9 @@ def test_a_run_shows_its_tool_call_and_tokens_as_the_journal_says(viewer, runs, 
     red, g, blue = (int(v) for v in re.findall(r"\d+", green)[:3])
     assert g > red and g > blue and green != grey
 
-    # hovering a token shows the journal's id, text (when the server sent it) and logprob
+    # hovering a token shows the journal's id, text (when the server sent it) and logprob;
+    # without a tokenizer (none in the folder, its model "policy" in no cache) the page says
+    # how to see the ids' text
     choice = policy[0]["choices"][0]
     k = len(choice["token_ids"]) // 2
     turns.first.locator(".tok").nth(k).hover()
@@ -355,16 +393,198 @@ def test_a_run_shows_its_tool_call_and_tokens_as_the_journal_says(viewer, runs, 
     assert tip.is_visible()
     assert tip.locator(".tip-id").inner_text() == str(choice["token_ids"][k])
     assert float(tip.locator(".tip-lp").inner_text()) == choice["logprobs"][k]
-    assert "ids only" in tip.inner_text() and "trainable" in tip.inner_text()
+    assert "ids only: --tokenizer shows the text" in tip.inner_text()
+    assert "trainable" in tip.inner_text()
+    assert "--tokenizer NAME_OR_PATH" in page.locator(".legend .tok-source").inner_text()
+    header = page.locator('.folder[data-index="1"] .tokenizer')
+    assert header.inner_text() == "ids only: --tokenizer shows text"
     k = len(summary["tokens"]) - 2
     chips.nth(k).hover()
     assert json.loads(tip.locator(".tip-text").inner_text()) == summary["tokens"][k]
+    assert tip.locator(".tip-from").inner_text().strip() == "(sent by the server)"
     assert float(tip.locator(".tip-lp").inner_text()) == summary["logprobs"][k]
     assert "context" in tip.inner_text()
-    turns.first.locator(".tok").nth(3).hover()
     assert "finish: tool_calls" in turns.first.inner_text()
     assert "recorded by: openai" in turns.first.inner_text()
-    shots.take(page, "viewer-run")
+
+
+def test_a_tokenizer_gives_each_token_its_text(runs, qwen_folder, browser, shots):
+    """``arttrace view --tokenizer FOLDER``: every chip shows the text the tokenizer gives
+    its id, hovering shows id, text and logprob, and the header names the tokenizer."""
+    tokenizer = qwen_tokenizer()  # the one saved in qwen_folder
+    here = Path.cwd()
+    os.chdir(qwen_folder.parent.parent)  # `arttrace view --tokenizer models/qwen2.5-instruct`
+    try:
+        served = Viewer([runs["calc"]], tokenizer=Path("models/qwen2.5-instruct"))
+    finally:
+        os.chdir(here)
+    served.start()
+    page = browser.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        found = httpx.get(served.url + "api/runs/0/trajectories", params={"example_id": "q-0"})
+        row = next(r for r in found.json()["rows"] if r["step"] == 0)
+        journaled = next(
+            line["trajectory"]
+            for line in journal_lines(runs["calc"])
+            if line["trajectory"]["example_id"] == "q-0"
+            and line["trajectory"]["metadata"]["step"] == 0
+            and line["slot"][1] == row["rollout"]
+        )
+        policy = [c["choices"][0] for c in journaled["calls"] if c["trainable"]]
+        show(page, served.url + f"#/r/0/run/{row['id']}", "run")
+        fit(page)
+        header = page.locator('.folder[data-index="0"] .tokenizer')
+        assert header.inner_text() == "text: models/qwen2.5-instruct"
+        assert page.locator(".legend .tok-source").inner_text() == (
+            "each token's text is decoded by the tokenizer models/qwen2.5-instruct (given "
+            "with --tokenizer)"
+        )
+
+        turns = page.locator('.conversation[data-conversation="0"] .turn')
+        assert turns.count() == len(policy)
+        for turn, choice in zip(turns.all(), policy, strict=True):
+            ids = choice["token_ids"]
+            chips = turn.locator(".tok")
+            texts = chips.evaluate_all("cs => cs.map(c => c.dataset.text)")
+            assert texts == [tokenizer.decode([i]) for i in ids]  # each id's own text
+            assert "".join(texts) == tokenizer.decode(ids)
+        first = "".join(
+            turns.first.locator(".tok").evaluate_all("cs => cs.map(c => c.dataset.text)")
+        )
+        assert first.startswith("<tool_call>\n") and '"name": "add"' in first  # Qwen's own
+        assert first.endswith("</tool_call><|im_end|>")
+        shown = turns.first.locator(".tok").all_inner_texts()
+        assert shown[0] == "<tool_call>" and shown[1] == "↵"  # a line break, drawn
+
+        ids, logprobs = policy[0]["token_ids"], policy[0]["logprobs"]
+        k = next(k for k, i in enumerate(ids) if tokenizer.decode([i]) == "add")
+        turns.first.locator(".tok").nth(k).hover()
+        tip = page.locator("#tip")
+        assert tip.locator(".tip-id").inner_text() == str(ids[k])
+        assert json.loads(tip.locator(".tip-text").inner_text()) == "add"
+        assert tip.locator(".tip-from").inner_text().strip() == "(decoded by the tokenizer)"
+        assert float(tip.locator(".tip-lp").inner_text()) == logprobs[k]
+        shots.take(page, "viewer-run")
+    finally:
+        page.close()
+        served.stop()
+
+
+def test_the_cpu_demo_s_tokenizer_is_found_in_its_folder(cpu_demo, browser, qwen_folder):
+    """``arttrace view`` of the CPU demo without --tokenizer: the tokenizer of its latest
+    checkpoint gives the tokens their text, and the header says which it is."""
+    checkpoints = cpu_demo / ".art" / "arttrace-demo" / "models" / "demo" / "checkpoints"
+    (latest,) = checkpoints.iterdir()
+    older = checkpoints / f"{int(latest.name) - 1:04d}"  # an older step, written after it:
+    shutil.copytree(qwen_folder, older)  # the highest step wins
+    for file in older.iterdir():
+        os.utime(file)
+    line = journal_lines(cpu_demo)[0]
+    ids = line["trajectory"]["calls"][0]["choices"][0]["token_ids"]
+    served = Viewer([cpu_demo])
+    served.start()
+    page = browser.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        rows = httpx.get(served.url + "api/runs/0/trajectories").json()["rows"]
+        row = next(r for r in rows if (r["step"], r["rollout"]) == (0, line["slot"][1]))
+        show(page, served.url + f"#/r/0/run/{row['id']}", "run")
+        header = page.locator('.folder[data-index="0"] .tokenizer.ready')
+        header.wait_for(timeout=60_000)  # transformers loads the first time it is needed
+        assert header.inner_text() == "text: …/demo/checkpoints/" + latest.name
+        assert "saved in the run folder" in header.get_attribute("title")
+        tokenizer = qwen_tokenizer()
+        chips = page.locator(".turn .tok[data-text]")
+        chips.first.wait_for()  # the page fetched the run again once the tokenizer was in
+        texts = chips.evaluate_all("cs => cs.map(c => c.dataset.text)")
+        assert texts == [tokenizer.decode([i]) for i in ids]
+    finally:
+        page.close()
+        served.stop()
+
+
+def test_the_runs_model_s_tokenizer_comes_from_the_hugging_face_cache(
+    qwen_folder, tmp_path, monkeypatch
+):
+    """Runs whose calls name a model the local Hugging Face cache holds: that tokenizer gives
+    their ids text, found by itself (the cache is one made here: HF_HUB_CACHE's setting)."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "models--arttrace--qwen-test"
+    shutil.copytree(qwen_folder, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    tokenizer = qwen_tokenizer()
+    ids = [*tokenizer.encode("Hello, world!"), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    call = {
+        "model": "arttrace/qwen-test",
+        "messages": [{"role": "user", "content": "Say hello"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello, world!"},
+                "finish_reason": "stop",
+                "logprobs": [-0.5] * len(ids),
+                "token_ids": ids,
+            }
+        ],
+        "prompt_token_ids": [1, 2, 3],
+        "trainable": True,
+    }
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    at.Trajectory.from_dict({"example_id": "hello", "reward": 1.0, "calls": [call]}).save(
+        saved / "hello.json"
+    )
+    served = Viewer([saved])
+    served.start()
+    try:
+        deadline = time.monotonic() + 60  # transformers may load here the first time
+        found = httpx.get(served.url + "api/runs").json()["runs"][0]["tokenizer"]
+        while found["state"] != "ready" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            found = httpx.get(served.url + "api/runs").json()["runs"][0]["tokenizer"]
+        assert (found["state"], found["name"], found["origin"]) == (
+            "ready",
+            "arttrace/qwen-test",
+            "model, HF cache",
+        )
+        rows = httpx.get(served.url + "api/runs/0/trajectories").json()["rows"]
+        run = httpx.get(served.url + f"api/runs/0/trajectories/{rows[0]['id']}").json()
+        tokens = run["conversations"][0]["items"][1]["tokens"]
+        assert tokens["ids"] == ids and tokens["text_from"] == "tokenizer"
+        assert tokens["text"] == [tokenizer.decode([i]) for i in ids]
+        assert "".join(tokens["text"]) == "Hello, world!<|im_end|>"
+    finally:
+        served.stop()
+
+
+def test_a_tokenizer_that_cannot_load_says_what_to_do(tmp_path, qwen_folder):
+    """Each way --tokenizer can be wrong, told at once (before transformers loads) in one line
+    that says what to give instead."""
+    from arttrace.viewer._tokens import TokenizerError, problem
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(qwen_folder, damaged)
+    (damaged / "tokenizer.json").write_text("{not json")
+    told = {
+        "nobody/no-such-model": "hf download nobody/no-such-model",  # never downloaded
+        str(empty): "the folder holds no tokenizer",
+        str(qwen_folder / "tokenizer.json"): f"give the folder that holds it ({qwen_folder})",
+    }
+    for given, fix in told.items():
+        found = problem(given)
+        assert found is not None and fix in found and "\n" not in found, given
+        with pytest.raises(TokenizerError, match=re.escape(fix)):
+            Viewer([tmp_path], tokenizer=given)
+    assert problem(str(damaged)) is None  # it looks like one: loading says what is wrong
+    with pytest.raises(TokenizerError, match="cannot be loaded") as caught:
+        Viewer([tmp_path], tokenizer=damaged)
+    assert "\n" not in str(caught.value) and "save_pretrained" in str(caught.value)
 
 
 def test_a_run_that_raised_shows_its_exception(viewer, runs, page):
@@ -653,6 +873,12 @@ def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_displ
             text=True,
             env={**env, "OPENED": str(tmp_path / name)},
         )
+    refused = subprocess.Popen(  # told in one line, before any server starts
+        [*command, "--tokenizer", str(tmp_path / "no-such-tokenizer"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for name, process in processes.items():
         try:
             line = process.stdout.readline()  # type: ignore[union-attr]
@@ -670,3 +896,54 @@ def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_displ
         opened = tmp_path / name
         got = opened.read_text().split() if opened.exists() else []
         assert got == ([url.group()] if name == "display" else []), name
+    out, err = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and out == "", err
+    assert err == (
+        f"arttrace view: --tokenizer {tmp_path / 'no-such-tokenizer'}: no such folder: give the "
+        "folder a model's tokenizer was saved in (it holds tokenizer.json), or a model name in "
+        "the Hugging Face cache\n"
+    )
+
+
+def test_the_view_command_loads_its_tokenizer_before_serving(runs, qwen_folder, capsys):
+    """``arttrace view --tokenizer FOLDER`` (here, in this process: transformers is loaded
+    already): the folders' tokens are decoded by it from the first page on."""
+    from arttrace.viewer._command import add_view_command
+
+    parser = argparse.ArgumentParser(prog="arttrace")
+    commands = parser.add_subparsers(dest="command")
+    add_view_command(commands)
+    with socket.socket() as probe:  # a free port, for the helper below to ask
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    given = ["--no-browser", "--port", str(port), "--tokenizer", str(qwen_folder)]
+    args = parser.parse_args(["view", *given, str(runs["calc"])])
+    asked: list[dict[str, Any]] = []
+    done = threading.Event()
+
+    def ask_then_stop() -> None:
+        deadline = time.monotonic() + 60
+        while not asked and time.monotonic() < deadline:
+            try:
+                asked.append(httpx.get(f"http://127.0.0.1:{port}/api/runs").json())
+            except httpx.TransportError:
+                time.sleep(0.05)
+        while not done.wait(0.2):  # until run() returns: its SIGTERM handler stops it
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, lambda *_: None)
+    helper = threading.Thread(target=ask_then_stop)
+    helper.start()
+    try:
+        assert args.run(args, commands.choices["view"]) == 0
+    finally:
+        done.set()
+        helper.join()
+        signal.signal(signal.SIGTERM, before)
+    (folder,) = asked[0]["runs"]
+    assert folder["tokenizer"]["state"] == "ready"  # on the first answer: loaded before
+    assert folder["tokenizer"]["name"] == str(qwen_folder)
+    assert folder["tokenizer"]["origin"] == "--tokenizer"
+    printed = capsys.readouterr()
+    assert printed.err == f"arttrace view: loading the tokenizer {qwen_folder}\n"
+    assert "stopped" in printed.out

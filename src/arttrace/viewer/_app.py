@@ -7,7 +7,8 @@ pages cannot read it either.
 
 The API (JSON; ``r`` is a folder's place in the command line, from 0)::
 
-    GET /api/runs                                 the folders: state, kind, version, problem
+    GET /api/runs                                 the folders: state, kind, version, problem,
+                                                  tokenizer
     GET /api/runs/{r}/overview                    steps and validations as chart columns
     GET /api/runs/{r}/steps/{step}                the step's row and its groups
     GET /api/runs/{r}/steps/{step}/groups/{pos}   a group and its runs (reward, advantage)
@@ -41,8 +42,9 @@ from starlette.types import Receive, Scope, Send
 from .._asgi_server import ServerThread
 from ..capture._trajectory import Trajectory
 from . import _present
-from ._runs import NotReady, Runs, RunSlot
+from ._runs import REFRESH_SECONDS, NotReady, Runs, RunSlot
 from ._store import GroupRow, RunStore
+from ._tokens import Decoder, load_given
 
 _log = logging.getLogger("arttrace")
 _STATIC = Path(str(resources.files("arttrace.viewer") / "static"))
@@ -103,9 +105,21 @@ class Viewer:
         host: str = "127.0.0.1",
         port: int = 0,
         refresh_seconds: float | None = None,
+        tokenizer: str | os.PathLike[str] | Decoder | None = None,
     ) -> None:
+        """``tokenizer``: what gives every folder's token ids their text (a folder a
+        tokenizer was saved in, or a model name in the Hugging Face cache; loaded here, a
+        :class:`~arttrace.viewer._tokens.TokenizerError` when it cannot be); ``None``: each
+        folder's own, found in it or from its runs' model (see :mod:`._tokens`)."""
         self.host, self.port = host, port
-        self.runs = Runs(paths) if refresh_seconds is None else Runs(paths, refresh_seconds)
+        decoder = (
+            tokenizer
+            if tokenizer is None or isinstance(tokenizer, Decoder)
+            else load_given(tokenizer)
+        )
+        self.runs = Runs(
+            paths, REFRESH_SECONDS if refresh_seconds is None else refresh_seconds, decoder
+        )
         self.allowed_hosts: set[str] = set()
         version = _version()
         self.static = f"static/{version}/"
@@ -217,6 +231,7 @@ class Viewer:
                     "problem": None
                     if s.problem is None
                     else {"message": s.problem.message, "fix": s.problem.fix},
+                    "tokenizer": s.tokenizer(),
                     "opening_seconds": round(now - s.opening_since, 1)
                     if s.state == "opening"
                     else None,
@@ -280,9 +295,12 @@ class Viewer:
 
     async def _trajectory(self, request: Request) -> Response:
         row_id = int(request.path_params["id"])
+        decoder = self._slot(request).decoder
 
         def query(store: RunStore) -> dict[str, Any]:
-            view = _present.run_view(_load(store, row_id))
+            view = _present.run_view(
+                _load(store, row_id), None if decoder is None else decoder.texts
+            )
             view["id"] = row_id
             view["row"], view["group"] = _placed(store, row_id)
             return view
@@ -293,10 +311,16 @@ class Viewer:
         p = request.path_params
         offset = _int(request, "offset", 0, minimum=0)
         limit = _int(request, "limit", 10_000, minimum=1, maximum=100_000)
+        decoder = self._slot(request).decoder
 
         def query(store: RunStore) -> dict[str, Any]:
             found = _present.item_view(
-                _load(store, int(p["id"])), int(p["conversation"]), int(p["item"]), offset, limit
+                _load(store, int(p["id"])),
+                int(p["conversation"]),
+                int(p["item"]),
+                offset,
+                limit,
+                None if decoder is None else decoder.texts,
             )
             if found is None:
                 raise ApiError(404, "this run has no such message")

@@ -53,6 +53,15 @@ def add_view_command(
     )
     parser.add_argument("--port", type=port, default=DEFAULT_PORT, help="port (0: any free port)")
     parser.add_argument(
+        "--tokenizer",
+        metavar="NAME_OR_PATH",
+        help="the tokenizer that gives each sampled token its text (the journal holds token "
+        "ids): a folder a tokenizer was saved in, or a model name in the Hugging Face cache, "
+        "never downloaded (default: each folder's own: the newest tokenizer saved in it, as "
+        "the CPU backend's checkpoints are, else its runs' model when that is in the cache; "
+        "else the pages show ids)",
+    )
+    parser.add_argument(
         "--no-browser",
         action="store_true",
         help="do not open a browser (one opens only where there is a display)",
@@ -68,6 +77,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from ._app import Viewer
     except ModuleNotFoundError as error:
         parser.error(f"{error}: `arttrace view` needs the view extra: pip install 'arttrace[view]'")
+    decoder = None
+    if args.tokenizer is not None:  # before serving: a tokenizer that cannot load is told now
+        from ._tokens import TokenizerError, load_given, problem
+
+        try:
+            wrong = problem(args.tokenizer)  # no such folder, not cached: told at once
+            if wrong is not None:
+                raise TokenizerError(wrong)
+            print(f"arttrace view: loading the tokenizer {args.tokenizer}", file=sys.stderr)
+            decoder = load_given(args.tokenizer)
+        except TokenizerError as error:
+            print(f"arttrace view: {error}", file=sys.stderr)
+            return 2
     if not _is_loopback(args.host):
         print(
             f"arttrace view: warning: listening on {args.host}, not this machine's loopback: "
@@ -77,7 +99,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             file=sys.stderr,
             flush=True,
         )
-    viewer = Viewer(paths, host=args.host, port=args.port)
+    viewer = Viewer(paths, host=args.host, port=args.port, tokenizer=decoder)
     try:
         url = viewer.start()
     except Exception as error:  # UsageError from the server: cannot listen

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ _STEP_COLUMNS = (
 _WHY_DROPPED = ("groups_without_trainable_tokens", "groups_excluded_by_curriculum")
 """The Trainer's counts of groups with learning signal that did not ship, and why."""
 _VALIDATION_COLUMNS = ("step", "reward_mean", "reward_std", "examples", "exceptions")
+TextOf = Callable[[list[int]], list[str | None]]
+"""A tokenizer's text of each token id (``None``: an id it does not have)."""
 NOT_A_POLICY_TURN = "not a policy turn: made outside every @trainable function (context)"
 BRANCH_PREFIX = (
     "context: a turn of the shared prefix this branch (n > 1) repeats; it trains in the "
@@ -118,8 +120,9 @@ def _number(value: Any) -> float | int | None:
 # -- a run ----------------------------------------------------------------------------------
 
 
-def run_view(trajectory: Trajectory) -> dict[str, Any]:
-    """The run as ART will train on it, with what the journal says about it."""
+def run_view(trajectory: Trajectory, text_of_ids: TextOf | None = None) -> dict[str, Any]:
+    """The run as ART will train on it, with what the journal says about it; the text of
+    tokens journaled as ids only from ``text_of_ids`` (the folder's tokenizer), when given."""
     conversations = trajectory.conversations()
     in_a_turn = {id(item.call) for c in conversations for item in c.items if isinstance(item, Turn)}
     calls = trajectory.calls
@@ -133,7 +136,7 @@ def run_view(trajectory: Trajectory) -> dict[str, Any]:
         "ended_at": trajectory.ended_at,
         "calls": len(calls),
         "trainable_turns": sum(c.trainable_turns for c in conversations),
-        "conversations": [_conversation(c, k) for k, c in enumerate(conversations)],
+        "conversations": [_conversation(c, k, text_of_ids) for k, c in enumerate(conversations)],
         "calls_without_turn": [_call(c) for c in calls if id(c) not in in_a_turn][:100],
     }
 
@@ -167,7 +170,12 @@ def text_of(content: Any) -> str:
 
 
 def item_view(
-    trajectory: Trajectory, conversation: int, item: int, offset: int, limit: int
+    trajectory: Trajectory,
+    conversation: int,
+    item: int,
+    offset: int,
+    limit: int,
+    text_of_ids: TextOf | None = None,
 ) -> dict[str, Any] | None:
     """One message or turn of the run whole (text uncut), its tokens from ``offset``."""
     conversations = trajectory.conversations()
@@ -178,11 +186,11 @@ def item_view(
         return None
     found = items[item]
     if isinstance(found, Turn):
-        return _turn(found, offset=offset, limit=limit, max_text=None)
+        return _turn(found, text_of_ids, offset=offset, limit=limit, max_text=None)
     return {"kind": "message", "message": _message(found, None)}
 
 
-def _conversation(conversation: Conversation, k: int) -> dict[str, Any]:
+def _conversation(conversation: Conversation, k: int, text_of_ids: TextOf | None) -> dict[str, Any]:
     items = conversation.items[:MAX_ITEMS]
     return {
         "index": k,
@@ -190,7 +198,9 @@ def _conversation(conversation: Conversation, k: int) -> dict[str, Any]:
         "tools": conversation.tools,
         "trainable_turns": conversation.trainable_turns,
         "items": [
-            _turn(i) if isinstance(i, Turn) else {"kind": "message", "message": _message(i)}
+            _turn(i, text_of_ids)
+            if isinstance(i, Turn)
+            else {"kind": "message", "message": _message(i)}
             for i in items
         ],
         "items_total": len(conversation.items),
@@ -207,7 +217,12 @@ def why_context(turn: Turn) -> str | None:
 
 
 def _turn(
-    turn: Turn, *, offset: int = 0, limit: int = MAX_TOKENS, max_text: int | None = MAX_TEXT
+    turn: Turn,
+    text_of_ids: TextOf | None = None,
+    *,
+    offset: int = 0,
+    limit: int = MAX_TOKENS,
+    max_text: int | None = MAX_TEXT,
 ) -> dict[str, Any]:
     call, choice = turn.call, turn.choice
     why = why_context(turn)
@@ -216,6 +231,13 @@ def _turn(
     logprobs = choice.logprobs
     total = len(ids) if ids is not None else len(logprobs) if logprobs is not None else 0
     end = min(total, offset + max(0, limit))
+    shown = None if ids is None else ids[offset:end].tolist()
+    text: list[str | None] | None = None
+    text_from = None
+    if choice.tokens is not None:  # the server's own text (it sent no ids)
+        text, text_from = list[str | None](choice.tokens[offset:end]), "server"
+    elif shown is not None and text_of_ids is not None:
+        text, text_from = text_of_ids(shown), "tokenizer"
     return {
         "kind": "turn",
         "trainable": turn.trainable,
@@ -239,9 +261,10 @@ def _turn(
         "started_at": call.started_at,
         "ended_at": call.ended_at,
         "tokens": {
-            "ids": None if ids is None else ids[offset:end].tolist(),
+            "ids": shown,
             "logprobs": None if logprobs is None else logprobs[offset:end].tolist(),
-            "text": None if choice.tokens is None else choice.tokens[offset:end],
+            "text": text,
+            "text_from": text_from,
             "offset": offset,
             "total": total,
         },

@@ -24,6 +24,7 @@ from typing import Literal
 
 from .._errors import ConfigurationError, JournalError
 from ._store import RunStore, open_store
+from ._tokens import Decoder, Found, TokenizerError, discover, load
 
 _log = logging.getLogger("arttrace")
 
@@ -31,6 +32,9 @@ REFRESH_SECONDS = 0.5
 """How often each folder's store indexes what its journal gained (at most)."""
 RETRY_SECONDS = 2.0
 """How often a folder that could not be read is tried again (it may become a run)."""
+LOOK_AGAIN_SECONDS = 10.0
+"""How often a folder without a tokenizer is looked at again while it grows (a run in
+progress writes its first checkpoint after its first step)."""
 
 State = Literal["opening", "ready", "failed"]
 
@@ -88,10 +92,48 @@ def problem_of(path: Path, error: BaseException) -> Problem:
     )
 
 
+class Tokenizers:
+    """The folders' tokenizers, loaded on a thread of their own (loading transformers takes
+    seconds: never on a folder's thread, which answers the pages); each source once."""
+
+    def __init__(self, given: Decoder | None = None) -> None:
+        self.given = given
+        """``--tokenizer``'s, for every folder; ``None``: each folder's own, found."""
+        self._loaded: dict[str, Decoder | TokenizerError] = {}
+        self._thread: _Worker | None = None
+        self._lock = threading.Lock()
+
+    def load(self, found: Found) -> Future[Decoder]:
+        with self._lock:
+            if self._thread is None:
+                self._thread = _Worker("arttrace view: tokenizers")
+            return self._thread.submit(lambda: self._load(found))
+
+    def _load(self, found: Found) -> Decoder:
+        known = self._loaded.get(found.source)
+        if known is None:
+            try:
+                known = load(found)
+            except TokenizerError as error:
+                _log.warning("arttrace view: %s", error)
+                known = error
+            self._loaded[found.source] = known
+        if isinstance(known, TokenizerError):
+            raise known
+        return known
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._thread.stop()
+
+
 class RunSlot:
     """One folder given to ``arttrace view``: its store once open, or why it is not."""
 
-    def __init__(self, index: int, path: Path, label: str, given: str) -> None:
+    def __init__(
+        self, index: int, path: Path, label: str, given: str, tokenizers: Tokenizers | None = None
+    ) -> None:
         self.index, self.path, self.label = index, path, label
         self.given = given
         """The path as the command line gave it (what the pages show)."""
@@ -107,6 +149,13 @@ class RunSlot:
         self._thread = _Worker(f"arttrace view: {label}")
         self._pending: Future[None] | None = None
         self._closed = False
+        self._tokenizers = tokenizers or Tokenizers()
+        self.decoder: Decoder | None = self._tokenizers.given
+        """What gives its token ids their text (``None``: none, the pages show ids)."""
+        self.found: Found | None = None if self.decoder is None else self.decoder.found
+        self.tokenizer_state = "ready" if self.decoder is not None else "none"
+        self.tokenizer_problem: str | None = None
+        self._looked_at: float | None = None
 
     # -- the timer's side --------------------------------------------------------------------
 
@@ -126,14 +175,66 @@ class RunSlot:
                 self.kind = self._store.kind
                 self._stamp = self._files_stamp()
                 self._changed("ready")
+                self._look_for_tokenizer()
                 return
             new = self._store.refresh()
             stamp = self._files_stamp()
             if new or stamp != self._stamp:
                 self._stamp = stamp
                 self.version += 1
+                self._look_for_tokenizer()
         except Exception as error:  # the page says what is wrong; the viewer goes on
             self._fail(error)
+
+    # -- the tokenizer ------------------------------------------------------------------------
+
+    def tokenizer(self) -> dict[str, str | None]:
+        """What the page says gives the tokens their text (``state``: ready, loading, failed,
+        none)."""
+        found = self.found
+        return {
+            "state": self.tokenizer_state,
+            "name": None if found is None else found.name,
+            "source": None if found is None else found.source,
+            "origin": None if found is None else found.origin,
+            "problem": self.tokenizer_problem,
+        }
+
+    def _look_for_tokenizer(self) -> None:
+        """Find the folder's tokenizer (on the folder's thread: files and the Hugging Face
+        cache's index only) and have it loaded; again, while the folder grows, until one is
+        found."""
+        store = self._store
+        if store is None or self.tokenizer_state in ("ready", "loading"):
+            return
+        now = time.monotonic()
+        if self._looked_at is not None and now - self._looked_at < LOOK_AGAIN_SECONDS:
+            return
+        self._looked_at = now
+        try:
+            found = discover(self.path, _models(store))
+        except Exception:  # a tokenizer is a nicety: the pages show ids without one
+            _log.warning(
+                "arttrace view: looking for %s's tokenizer failed", self.path, exc_info=True
+            )
+            return
+        if found is None or (found == self.found and self.tokenizer_state == "failed"):
+            return
+        self.found, self.tokenizer_state, self.tokenizer_problem = found, "loading", None
+        self.version += 1
+        self._tokenizers.load(found).add_done_callback(
+            lambda done: self._thread.submit(lambda: self._tokenizer_loaded(found, done))
+        )
+
+    def _tokenizer_loaded(self, found: Found, done: Future[Decoder]) -> None:
+        if found != self.found:
+            return
+        try:
+            self.decoder = done.result()
+            self.tokenizer_state = "ready"
+        except Exception as error:  # TokenizerError: logged once where it was loaded
+            self.tokenizer_state, self.tokenizer_problem = "failed", str(error)
+        self.version += 1
 
     def _fail(self, error: BaseException) -> None:
         problem = problem_of(self.path, error)
@@ -244,9 +345,15 @@ class _Worker:
 class Runs:
     """The folders, and the timer that keeps them current."""
 
-    def __init__(self, paths: list[Path], refresh_seconds: float = REFRESH_SECONDS) -> None:
+    def __init__(
+        self,
+        paths: list[Path],
+        refresh_seconds: float = REFRESH_SECONDS,
+        tokenizer: Decoder | None = None,
+    ) -> None:
+        self.tokenizers = Tokenizers(tokenizer)
         self.slots = [
-            RunSlot(i, p, label, str(given))
+            RunSlot(i, p, label, str(given), self.tokenizers)
             for i, ((p, label), given) in enumerate(zip(_labelled(paths), paths, strict=True))
         ]
         self.refresh_seconds = refresh_seconds
@@ -274,6 +381,20 @@ class Runs:
             self._timer.join(timeout=5)
         for slot in self.slots:
             slot.close()
+        self.tokenizers.stop()
+
+
+def _models(store: RunStore) -> list[str]:
+    """The model names the folder's newest runs called, their policy's first (the name the
+    server answered with before the one asked for)."""
+    names: list[str] = []
+    for row in store.trajectories(order="-id", limit=2):
+        calls = sorted(store.trajectory(row.id).calls, key=lambda c: not c.trainable)
+        for call in calls:
+            for name in (call.response_model, call.model):
+                if name and name not in names:
+                    names.append(name)
+    return names
 
 
 def _labelled(paths: list[Path]) -> list[tuple[Path, str]]:

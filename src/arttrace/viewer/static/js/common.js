@@ -55,3 +55,33 @@ export async function folderPage(box, app, index, draw) {
   await load();
   return { runs: [index], refresh: load };
 }
+
+const ORIGINS = {
+  "--tokenizer": "given with --tokenizer",
+  "run folder": "saved in the run folder",
+  "model, local folder": "the runs' model, a local folder",
+  "model, HF cache": "the runs' model, in the Hugging Face cache",
+};
+
+function shortName(name) {
+  const parts = name.split("/").filter(Boolean);
+  return parts.length > 3 ? `…/${parts.slice(-3).join("/")}` : name;
+}
+
+/** What gives folder ``run``'s token ids their text, in words: ``short`` for the header,
+ * ``long`` for a title or the run page, ``state``: ready, loading, failed or none. */
+export function tokenizerWords(run) {
+  const t = (run && run.tokenizer) || { state: "none" };
+  const hint = "start arttrace view with --tokenizer NAME_OR_PATH (a folder a tokenizer was saved in, or a model in the Hugging Face cache) to see their text";
+  const which = t.name ? `${t.name} (${ORIGINS[t.origin] || t.origin}${t.source !== t.name ? `: ${t.source}` : ""})` : "";
+  if (t.state === "ready") {
+    return { state: t.state, short: `text: ${shortName(t.name)}`, long: `each token's text is decoded by the tokenizer ${which}` };
+  }
+  if (t.state === "loading") {
+    return { state: t.state, short: `loading tokenizer ${shortName(t.name)}…`, long: `loading the tokenizer ${which}; the tokens show their ids meanwhile` };
+  }
+  if (t.state === "failed") {
+    return { state: t.state, short: "ids only: tokenizer failed", long: `token ids only: ${t.problem}; ${hint}` };
+  }
+  return { state: "none", short: "ids only: --tokenizer shows text", long: `token ids only: the runs hold each sampled token's id, and no tokenizer was found in the folder or the Hugging Face cache; ${hint}` };
+}

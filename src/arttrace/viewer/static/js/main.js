@@ -4,6 +4,7 @@
 import { get } from "./api.js";
 import { colorOf } from "./charts.js";
 import { clear, h, problemBox } from "./dom.js";
+import { tokenizerWords } from "./common.js";
 import { renderOverview } from "./overview.js";
 import { renderStep, renderGroup } from "./step.js";
 import { renderRun } from "./run.js";
@@ -74,13 +75,15 @@ function drawFolders() {
   for (const run of app.runs) {
     const state =
       run.state === "failed" ? "cannot be read" : run.state === "opening" ? "indexing…" : run.kind || "";
+    const tokens = run.state === "ready" ? tokenizerWords(run) : null;
     box.append(
       h(
         "span",
-        { class: `folder ${run.state}`, title: run.path },
+        { class: `folder ${run.state}`, title: run.path, dataset: { index: run.index } },
         h("i", { class: "swatch", style: `background:${colorOf(run.index)}` }),
         h("b", { text: run.label }),
         h("small", { text: state }),
+        tokens ? h("small", { class: `tokenizer ${tokens.state}`, title: tokens.long, text: tokens.short }) : null,
       ),
     );
   }

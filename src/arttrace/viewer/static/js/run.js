@@ -5,7 +5,7 @@
 
 import { get } from "./api.js";
 import { badge, fill, h, num, seconds, when } from "./dom.js";
-import { crumbs, folderPage } from "./common.js";
+import { crumbs, folder, folderPage, tokenizerWords } from "./common.js";
 
 function pretty(text) {
   try {
@@ -112,7 +112,10 @@ function chips(tokens, trainable, from = 0) {
     });
     if (lp !== null) chip.style.setProperty("--p", Math.exp(lp).toFixed(3));
     else chip.classList.add("no-lp");
-    if (text !== null && text !== undefined) chip.dataset.text = text;
+    if (text !== null && text !== undefined) {
+      chip.dataset.text = text;
+      chip.dataset.from = tokens.text_from || "";
+    }
     out.push(chip);
   }
   return out;
@@ -193,13 +196,14 @@ function conversation(c, runPath) {
   );
 }
 
-function legend() {
+function legend(words) {
   return h(
     "div",
     { class: "legend" },
     h("span", { class: "tok trainable", style: "--p:0.9", text: "trainable" }),
     h("span", { class: "tok context", style: "--p:0.9", text: "context" }),
     h("span", { class: "muted small", text: "darker: less likely (lower logprob); hover a token for its id, text and logprob" }),
+    h("span", { class: `small tok-source ${words.state}`, text: words.long }),
   );
 }
 
@@ -209,17 +213,19 @@ function fact(name, value) {
 
 // -- the tooltip ----------------------------------------------------------------------------
 
-function installTip(root) {
+function installTip(root, words) {
   const tip = document.getElementById("tip");
   root.addEventListener("mouseover", (event) => {
     const chip = event.target.closest(".tok[data-i]");
     if (!chip) return;
     const lp = chip.dataset.lp === "" ? null : Number(chip.dataset.lp);
     const text = chip.dataset.text;
+    const from = chip.dataset.from === "tokenizer" ? " (decoded by the tokenizer)" : chip.dataset.from === "server" ? " (sent by the server)" : "";
+    const missing = chip.dataset.id === "" ? "not recorded" : { ready: "not in the tokenizer's vocabulary", loading: "ids only: the tokenizer is loading" }[words().state] || "ids only: --tokenizer shows the text";
     fill(
       tip,
       h("div", {}, h("b", { text: "token id " }), h("span", { class: "tip-id", text: chip.dataset.id || "none recorded" })),
-      h("div", {}, h("b", { text: "text " }), text !== undefined ? h("code", { class: "tip-text", text: JSON.stringify(text) }) : h("span", { class: "muted", text: "not sent by the server (ids only)" })),
+      h("div", {}, h("b", { text: "text " }), text !== undefined ? [h("code", { class: "tip-text", text: JSON.stringify(text) }), h("span", { class: "muted tip-from", text: from })] : h("span", { class: "muted", text: missing })),
       h("div", {}, h("b", { text: "logprob " }), h("span", { class: "tip-lp", text: lp === null ? "none" : String(lp) }), lp === null ? null : h("span", { class: "muted", text: ` (p = ${Math.exp(lp).toFixed(3)})` })),
       h("div", { class: "muted", text: chip.classList.contains("trainable") ? "trainable: ART trains on it" : "context: not trained on" }),
     );
@@ -235,7 +241,8 @@ function installTip(root) {
 
 export async function renderRun(box, route, app) {
   const { run, id } = route;
-  installTip(box);
+  const words = () => tokenizerWords(folder(app, run));
+  installTip(box, words);
   const page = await folderPage(box, app, run, async () => {
     const runPath = `runs/${run}/trajectories/${id}`;
     const t = await get(runPath);
@@ -276,7 +283,7 @@ export async function renderRun(box, route, app) {
         fact("started", when(t.started_at)),
       ),
       exception,
-      legend(),
+      legend(words()),
       t.conversations.length ? t.conversations.map((c) => conversation(c, runPath)) : h("p", { class: "muted", text: "this run recorded no LLM call that gave a turn" }),
       t.calls_without_turn.length
         ? h(
