@@ -114,7 +114,12 @@ class Tokenizers:
         if known is None:
             try:
                 known = load(found)
-            except TokenizerError as error:
+            except Exception as error:  # the header says so; the pages show ids
+                if not isinstance(error, TokenizerError):
+                    error = TokenizerError(
+                        f"the tokenizer {found.name} ({found.source}) cannot be used: "
+                        f"{type(error).__name__}: {error}"
+                    )
                 _log.warning("arttrace view: %s", error)
                 known = error
             self._loaded[found.source] = known
@@ -156,6 +161,7 @@ class RunSlot:
         self.tokenizer_state = "ready" if self.decoder is not None else "none"
         self.tokenizer_problem: str | None = None
         self._looked_at: float | None = None
+        self._look_failed = False
 
     # -- the timer's side --------------------------------------------------------------------
 
@@ -214,9 +220,14 @@ class RunSlot:
         try:
             found = discover(self.path, _models(store))
         except Exception:  # a tokenizer is a nicety: the pages show ids without one
-            _log.warning(
-                "arttrace view: looking for %s's tokenizer failed", self.path, exc_info=True
-            )
+            if not self._look_failed:
+                self._look_failed = True
+                _log.warning(
+                    "arttrace view: looking for %s's tokenizer failed (the pages show token "
+                    "ids; --tokenizer gives them their text)",
+                    self.path,
+                    exc_info=True,
+                )
             return
         if found is None or (found == self.found and self.tokenizer_state == "failed"):
             return
