@@ -60,10 +60,10 @@ class Decoder:
     """A loaded tokenizer: each token id's text (``decode([id])``, special tokens kept), kept
     in an LRU cache. Safe from several threads."""
 
-    def __init__(self, tokenizer: Any, found: Found) -> None:
+    def __init__(self, tokenizer: Any, found: Found, size: int) -> None:
         self.tokenizer = tokenizer
         self.found = found
-        self.size = len(tokenizer)
+        self.size = size
         self._text = functools.lru_cache(maxsize=CACHED_IDS)(self._decode)
 
     def _decode(self, token_id: int) -> str | None:
@@ -83,8 +83,19 @@ class Decoder:
 
 
 def load(found: Found) -> Decoder:
-    """``AutoTokenizer.from_pretrained(found.source, local_files_only=True)``; a
-    :class:`TokenizerError` saying what to do when it cannot load."""
+    """The folder's ``tokenizer.json`` read by the ``tokenizers`` library (0.7 s and about
+    160 MiB for Qwen2.5's, the same text per id), else
+    ``AutoTokenizer.from_pretrained(found.source, local_files_only=True)`` (it imports torch:
+    8 s and 700 MiB more); a :class:`TokenizerError` saying what to do when it cannot load."""
+    fast = Path(found.source) / "tokenizer.json"
+    if fast.is_file():
+        try:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(fast))
+            return Decoder(tokenizer, found, tokenizer.get_vocab_size(with_added_tokens=True))
+        except Exception:  # an older format, a missing library: transformers reads it all
+            pass
     try:
         from transformers import AutoTokenizer
     except ImportError as error:
@@ -101,7 +112,7 @@ def load(found: Found) -> Decoder:
             f"({type(error).__name__}: {reason}): give a folder a model's tokenizer was saved "
             "in (save_pretrained), or a model name in the Hugging Face cache"
         ) from error
-    return Decoder(tokenizer, found)
+    return Decoder(tokenizer, found, len(tokenizer))
 
 
 def load_given(name_or_path: str | os.PathLike[str]) -> Decoder:
