@@ -72,6 +72,7 @@ bench: setup-test
 	$(BIN)/python bench/bench_trainer.py
 	$(BIN)/python bench/bench_transport.py --quick
 	$(BIN)/python bench/bench_gateway.py --quick
+	$(BIN)/python bench/bench_scale.py --quick
 
 # After changing dependencies in pyproject.toml.
 lock: $(UV)

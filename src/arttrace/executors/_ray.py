@@ -18,6 +18,7 @@ rollout by itself (``max_restarts=0``, ``max_task_retries=0``), so a rollout run
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import inspect
@@ -355,15 +356,21 @@ class _Pool:
         """The rollout actors' constructor (and ``load``) arguments."""
         self.members = [_Member(actor_class.remote(*load)) for _ in range(size)]
         self._idle: list[_Member] = []
-        self._changed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._waiting: (
+            tuple[asyncio.AbstractEventLoop, collections.deque[asyncio.Future[None]]] | None
+        ) = None
+        """The rollouts waiting for an actor, in order, on the loop they wait in."""
         self._watchers: set[asyncio.Task[None]] = set()
         self.closed = False
         self._failed_starts = 0
         self.broken: BaseException | None = None
 
     async def acquire(self) -> _Member:
+        """An idle actor; rollouts waiting for one get them in the order they came."""
         loop = asyncio.get_running_loop()
-        changed = self._event(loop)
+        if self._waiting is None or self._waiting[0] is not loop:
+            self._waiting = loop, collections.deque()
+        waiting, first = self._waiting[1], False
         while True:
             if self.closed:
                 raise RuntimeError("the RayExecutor was closed")
@@ -379,8 +386,17 @@ class _Pool:
                     task = loop.create_task(self._watch(member))
                     self._watchers.add(task)
                     task.add_done_callback(self._watchers.discard)
-            changed.clear()
-            await changed.wait()
+            turn = loop.create_future()
+            if first:  # woken, but another took the actor: still first in line
+                waiting.appendleft(turn)
+            else:
+                waiting.append(turn)
+            try:
+                await turn
+            finally:
+                if turn in waiting:  # cancelled while waiting
+                    waiting.remove(turn)
+            first = True
 
     def release(self, member: _Member) -> None:
         if member.state != "busy":
@@ -422,6 +438,8 @@ class _Pool:
                 if self._failed_starts >= len(self.members) + 3:
                     self.broken = error
                 self.lost(member)
+                if self.broken is not None:
+                    self._notify(everyone=True)
             return
         if member.state == "starting" and member.ready is ready:
             self._failed_starts = 0
@@ -429,25 +447,29 @@ class _Pool:
             self._idle.append(member)
             self._notify()
 
-    def _event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
-        if self._changed is None or self._changed[0] is not loop:
-            self._changed = loop, asyncio.Event()
-        return self._changed[1]
-
-    def _notify(self) -> None:
-        if self._changed is not None:
-            loop, event = self._changed
-            try:
-                if asyncio.get_running_loop() is loop:
-                    event.set()
-            except RuntimeError:  # no loop running (close, from a plain call)
-                pass
+    def _notify(self, everyone: bool = False) -> None:
+        """Wake the first rollout waiting for an actor (``everyone``: all of them, to see the
+        pool closed or broken). One actor freed wakes one rollout, not every one queued."""
+        if self._waiting is None:
+            return
+        loop, waiting = self._waiting
+        try:
+            if asyncio.get_running_loop() is not loop:
+                return
+        except RuntimeError:  # no loop running (close, from a plain call)
+            return
+        while waiting:
+            turn = waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                if not everyone:
+                    return
 
     def close(self) -> None:
         self.closed = True
         for member in self.members:
             _kill(member.actor)
-        self._notify()
+        self._notify(everyone=True)
 
 
 def _kill(actor: Any) -> None:

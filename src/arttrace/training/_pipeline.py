@@ -1,7 +1,7 @@
 """Pipelined training: the rollouts of the next ``max_steps_off_policy`` steps run while a
 step ships, so neither the trainer nor the rollouts wait for the other.
 
-Step ``t``'s rollouts start once step ``t - k`` has trained (``k = max_steps_off_policy``):
+Step ``t``'s rollouts start once ``t - k`` steps have trained (``k = max_steps_off_policy``):
 every run samples from a policy at most ``k`` steps behind the step that ships it, and each
 run records that policy as ``policy_step`` in its metadata. Steps ship in order, one at a
 time, from their journaled runs, so exactly-once journaling and shipping are the synchronous
