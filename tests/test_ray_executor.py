@@ -180,6 +180,7 @@ async def test_a_trainer_on_ray_journals_every_slot_once(four: RayExecutor, serv
             run = line["trajectory"]
             assert run["exception"] is None and run["reward"] is not None
             assert run["metadata"]["rollout"] == line["slot"][1]
+            assert 0 <= step - run["metadata"]["policy_step"] <= 1  # pipelined, k=1
             assert [c["trainable"] for c in run["calls"]] == [True, True]
         assert (tmp_path / "dry" / "m" / f"step-{step:05d}" / "report.json").exists()
     assert [r.metrics["exceptions"] for r in results] == [0, 0]

@@ -4,6 +4,7 @@ which load nothing heavy, so a bad argument is refused at once."""
 from __future__ import annotations
 
 import argparse
+import errno
 from collections.abc import Callable
 from typing import Any
 
@@ -39,3 +40,14 @@ def checked(
 
 port = checked(int, port_problem)
 """A port to listen on: 0 to 65535, 0 for any free port."""
+
+
+def listen_fix(error: BaseException) -> str:
+    """The fix for a server (the gateway, the viewer) that cannot listen, from the socket's
+    error."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+        return ". Another process listens there: choose another --port (0: any free port)"
+    if isinstance(cause, OSError):
+        return ". Give --host an address of this machine (127.0.0.1; 0.0.0.0 for all)"
+    return ""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gateway import _options
-from ._args import HelpFormatter, checked, port
+from ._args import HelpFormatter, checked, listen_fix, port
 
 _EPILOG = """\
 the run API (JSON):
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
             "stop it, or give this gateway another --out"
         )
     except (ArttraceError, OSError) as error:
-        return _failed(f"{error}{_fix(error)}")
+        return _failed(f"{error}{listen_fix(error)}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -143,16 +142,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         gateway.stop()
     print("arttrace gateway: stopped", flush=True)
     return 0
-
-
-def _fix(error: BaseException) -> str:
-    """The fix for a gateway that cannot listen, from the socket's error."""
-    cause = error.__cause__ if error.__cause__ is not None else error
-    if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
-        return ". Another process listens there: choose another --port (0: any free port)"
-    if isinstance(cause, OSError):
-        return ". Give --host an address of this machine (127.0.0.1; 0.0.0.0 for all)"
-    return ""
 
 
 def _failed(message: str) -> int:

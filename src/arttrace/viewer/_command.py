@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import ipaddress
 import os
 import signal
@@ -15,7 +14,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from ..app._args import HelpFormatter, port
+from ..app._args import HelpFormatter, listen_fix, port
 
 DEFAULT_PORT = 8788
 _DESCRIPTION = (
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         url = viewer.start()
     except Exception as error:  # UsageError from the server: cannot listen
         viewer.runs.stop()
-        print(f"arttrace view: {error}{_fix(error)}", file=sys.stderr)
+        print(f"arttrace view: {error}{listen_fix(error)}", file=sys.stderr)
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -151,12 +150,3 @@ def _has_display() -> bool:
     if sys.platform in ("darwin", "win32"):
         return True
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-
-
-def _fix(error: BaseException) -> str:
-    cause = error.__cause__ if error.__cause__ is not None else error
-    if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
-        return ". Another process listens there: choose another --port (0: any free port)"
-    if isinstance(cause, OSError):
-        return ". Give --host an address of this machine (127.0.0.1; 0.0.0.0 for all)"
-    return ""
