@@ -23,6 +23,9 @@ BIN := $(VENV)/bin
 export UV_PYTHON := $(PYTHON)
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(VENV)
+# Python caches the venv's bytecode (a machine may turn that off for everything): otherwise every
+# fresh interpreter compiles ART and torch again (`import art`: 21 s, 14 s from the cache).
+unexport PYTHONDONTWRITEBYTECODE
 TEST_SET := --all-extras --group test --group docs
 
 .PHONY: setup setup-test demo test lint docs bench lock test-latest test-vllm clean
