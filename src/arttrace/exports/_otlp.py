@@ -157,7 +157,7 @@ def export_otlp(
         for logger in loggers:
             logger.removeFilter(redacting)
         replay.provider.shutdown()
-        exporter.shutdown()  # type: ignore[no-untyped-call]
+        exporter.shutdown()
     summary.seconds = time.perf_counter() - started
     return summary
 
