@@ -1,0 +1,99 @@
+"""Which protocols can be translated, and how a call of each is opened: the one place the
+gateway and the in-process HTTP layer ask.
+
+``"responses"`` is :class:`._responses.ResponsesTranslation`; ``"messages"`` (Anthropic
+Messages) is :mod:`._messages`, imported when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from .._errors import ConfigurationError
+from ._base import Translation, TranslationError
+from ._responses import Chains, ResponsesTranslation
+
+APIS = ("responses", "messages")
+"""The protocols arttrace translates, by the last segment of their path (``/v1/responses``,
+``/v1/messages``)."""
+
+
+def apis(value: str | Iterable[str] | None) -> frozenset[str]:
+    """``value`` (``"responses,messages"``, a list of names, ``None``) as a set of protocol
+    names; a name arttrace does not translate, or one whose translator is not installed, is a
+    :class:`ConfigurationError` saying which names are."""
+    if value is None:
+        return frozenset()
+    names = value.split(",") if isinstance(value, str) else list(value)
+    chosen = frozenset(str(n).strip().lower() for n in names if str(n).strip())
+    unknown = sorted(chosen - set(APIS))
+    if unknown:
+        raise ConfigurationError(
+            f"translate: arttrace cannot translate {', '.join(map(repr, unknown))}; it "
+            f"translates {' and '.join(map(repr, APIS))} (the Responses API and Anthropic "
+            "Messages) into Chat Completions"
+        )
+    for name in chosen:
+        missing = _missing(name)
+        if missing is not None:
+            raise ConfigurationError(f"translate: {missing}")
+    return chosen
+
+
+def _missing(api: str) -> str | None:
+    """Why ``api``'s translator cannot be loaded, or ``None``."""
+    if api != "messages":
+        return None
+    try:
+        importlib.import_module(f"{__package__}._messages")
+    except ImportError as error:
+        return (
+            "the translation of Anthropic Messages is not available in this build of "
+            f"arttrace ({error}); translate 'responses' only, or update arttrace"
+        )
+    return None
+
+
+def open_translation(api: str, body: dict[str, Any], chains: Chains) -> Translation:
+    """The translation of one call to ``api`` with JSON ``body``; a request that cannot be
+    translated is a :class:`TranslationError` (answered to the agent as a 400)."""
+    if api == "responses":
+        return ResponsesTranslation(body, chains)
+    if api == "messages":
+        module = importlib.import_module(f"{__package__}._messages")
+        translation: Translation = module.MessagesTranslation(body)
+        return translation
+    raise TranslationError(f"arttrace does not translate {api!r}")
+
+
+def refusal(api: str, status: int, message: str) -> bytes:
+    """A JSON error body in ``api``'s own shape (what its SDK shows its user), for a call
+    refused before any upstream call, or an upstream error before a stream started."""
+    if api == "messages":
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+        return orjson.dumps(
+            {"type": "error", "error": {"type": kind.get(status, "api_error"), "message": message}}
+        )
+    kind_openai = "invalid_request_error" if status < 500 else "server_error"
+    return orjson.dumps(
+        {"error": {"message": message, "type": kind_openai, "param": None, "code": status}}
+    )
+
+
+def upstream_message(status: int, body: bytes) -> str:
+    """The message of an upstream error body (OpenAI's shape, which vLLM sends), or the body
+    quoted."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        return str(parsed["message"])
+    return f"the upstream answered {status}: {body[:500].decode('utf-8', 'replace')}"
