@@ -7,7 +7,8 @@ journal (``journal/step-NNNNN/rollouts.jsonl``), the format the ``Trainer`` resu
 
 The HTTP API (JSON in, JSON out)::
 
-    POST /runs                 {"example_id": "q-1", "metadata": {...}, "step": 0}
+    POST /runs                 {"example_id": "q-1", "metadata": {...}, "step": 0,
+                                "translate": ["responses"]}  (optional)
                                -> 201 {"run_id", "url", "example_id", "step", "slot"}
     GET  /runs/{id}            -> {"run_id", "url", "example_id", "calls", "in_flight",
                                    "trainable_turns", "reward"}
@@ -50,12 +51,15 @@ class RunOptions:
     ``agent``: the policy's name on its calls (as ``@trainable(name=...)``). ``model``: only
     calls to this model are policy turns (others are context). ``request_training_data``: ask
     the upstream for ``logprobs`` and ``return_token_ids`` when the caller did not set them.
+    ``translate``: the protocols (``"responses"``, ``"messages"``) whose calls are served
+    through the upstream's Chat Completions (``docs/translation.md``).
     """
 
     agent: str = "gateway"
     model: str | None = None
     request_training_data: bool = True
     export_tokens: bool = False
+    translate: frozenset[str] = frozenset()
 
     @property
     def scope(self) -> TrainableScope:
@@ -393,8 +397,21 @@ class RunAPI:
 
 def _options(body: dict[str, Any], defaults: RunOptions) -> RunOptions:
     options = RunOptions(
-        defaults.agent, defaults.model, defaults.request_training_data, defaults.export_tokens
+        defaults.agent,
+        defaults.model,
+        defaults.request_training_data,
+        defaults.export_tokens,
+        defaults.translate,
     )
+    if "translate" in body:
+        from ..translation import apis
+
+        value = body["translate"]
+        if not isinstance(value, str | list) or not all(isinstance(v, str) for v in value):
+            raise ConfigurationError(
+                f'"translate" must be a list of protocol names, like ["responses"], got {value!r}'
+            )
+        options.translate = apis(value)
     for name, kind in (("agent", str), ("model", str), ("request_training_data", bool)):
         if name in body:
             value = body[name]
