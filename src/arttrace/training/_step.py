@@ -20,6 +20,7 @@ from .._art import trainable_tokens
 from .._errors import TrainingError
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
+from ._group import GroupJudging, independent_stats
 from ._journal import Journal, Slot
 from ._report import Progress, reward_stats, untrainable_cause
 from ._resume import check_journaled
@@ -53,7 +54,10 @@ class Collected:
     indices: list[int]
     runs: dict[Slot, Trajectory]
     seconds: float
-    """Time from the first rollout's start to the last one's end."""
+    """Time from the first rollout's start to the last one's end (and its group's judgment,
+    with a ``group_reward``)."""
+    judged: dict[str, float] = field(default_factory=dict)
+    """The group rewards' metrics (:class:`~._group.GroupJudging`), for the step's."""
 
 
 async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
@@ -74,6 +78,23 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
         for k in range(config.group_size)
     }
     check_journaled(journal, step, finished, {slot: v[0] for slot, v in slots.items()})
+    judging = (
+        None
+        if trainer.group_reward is None
+        else GroupJudging(
+            trainer.group_reward,
+            journal,
+            step,
+            config.group_size,
+            {pos: slots[(pos, 0)] for pos in range(len(indices))},
+            finished,
+        )
+    )
+
+    def on_done(slot: Slot, t: Trajectory) -> Trajectory:
+        t = journal.record(step, slot, t)  # what ships is on disk
+        return t if judging is None else judging.done(slot, t)  # its group judged when full
+
     try:
         await run_rollouts(
             {s: v for s, v in slots.items() if s not in finished},
@@ -84,11 +105,16 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
                 "train", step, len(slots) - len(finished), [t.reward for t in finished.values()]
             ),
             done=finished,
-            on_done=lambda slot, t: journal.record(step, slot, t),  # what ships is on disk
+            on_done=on_done,
         )
+        judged = {} if judging is None else await judging.wait()
     finally:
+        if judging is not None:
+            await judging.cancel()
         journal.close(step)
-    return Collected(step, epoch, indices, finished, time.perf_counter() - started)
+    if judging is not None:
+        judged.update(independent_stats(finished.values()))
+    return Collected(step, epoch, indices, finished, time.perf_counter() - started, judged)
 
 
 async def finish[ExampleT](
@@ -156,6 +182,7 @@ async def finish[ExampleT](
         "train_seconds": train_seconds,
         **staleness,
         "runs_stale_dropped": len(stale),
+        **collected.judged,
         **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
     }
     if schedule.curriculum is not None:

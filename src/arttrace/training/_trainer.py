@@ -26,6 +26,7 @@ from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
 from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
+from ._group import GroupReward, check_group_reward, own_reward
 from ._journal import Journal, Slot
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
@@ -69,6 +70,16 @@ class Trainer[ExampleT]:
         val_dataset: Validation examples (read once, like ``train_dataset``), each run once by
             :meth:`validate`.
         reward_fn: Scores a rollout's output: ``reward_fn(example, output)``, sync or async.
+        group_reward: Scores a group's runs relative to each other (an LLM judge such as
+            :func:`arttrace.rewards.ruler`): ``group_reward(group)``, sync or async, gets an
+            :class:`~arttrace.Group` (the example and its runs that finished: trajectory,
+            final answer, own reward) and returns one reward per run (or an
+            :class:`~arttrace.GroupRewards` with metrics). It is called in this process as
+            soon as a group's last run ends, with capture off (its calls never enter a run).
+            Each run keeps its own reward as ``independent_reward`` in its metrics; a run
+            need not give one (``0.0`` then). Judgments are journaled: ``resume=True`` never
+            judges a group twice. A judge that raises or returns a wrong answer fails the
+            group's runs under ``max_exceptions``, with the cause. See docs/rewards.md.
         example_id: The id of an example (a function of it); else its ``"id"`` key, else
             ``train-<index>`` / ``val-<index>``.
         group_size: Runs per example; one group per example, never one across examples.
@@ -136,6 +147,7 @@ class Trainer[ExampleT]:
         *,
         val_dataset: Iterable[ExampleT] | None = None,
         reward_fn: RewardFn[ExampleT] | None = None,
+        group_reward: GroupReward[ExampleT] | None = None,
         example_id: Callable[[ExampleT], str] | None = None,
         group_size: int = 8,
         groups_per_step: int = 8,
@@ -188,7 +200,10 @@ class Trainer[ExampleT]:
         self.max_steps_off_policy = max_steps_off_policy
         self.model, self.backend = model, backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
-        self._runner = RolloutRunner(rollout, reward_fn, max_concurrency)
+        check_group_reward(group_reward)
+        self.group_reward = group_reward
+        own = own_reward if group_reward is not None and reward_fn is None else reward_fn
+        self._runner = RolloutRunner(rollout, own, max_concurrency)
         self.schedule = Schedule(
             read_dataset(train_dataset, "train_dataset"),
             groups_per_step=groups_per_step,
