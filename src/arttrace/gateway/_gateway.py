@@ -61,6 +61,10 @@ class Gateway:
     declared ``application/json``, and a browser's request from another site are refused.
     ``allow_hosts``: other names callers reach it by (``"*"``: any); ``allow_origins``: web
     pages that may call it, like ``"http://localhost:3000"`` (they get CORS answers).
+
+    ``translate``: protocols (``"responses"``, ``"messages"``) whose calls are served through
+    the upstream's Chat Completions, so every turn trains (``docs/translation.md``); per run
+    with ``url(t, translate=...)``.
     """
 
     def __init__(
@@ -77,7 +81,10 @@ class Gateway:
         timeout: float | None = 600.0,
         allow_hosts: Iterable[str] = (),
         allow_origins: Iterable[str] = (),
+        translate: str | Iterable[str] | None = None,
     ) -> None:
+        from ..translation import apis
+
         for name, problem in (
             ("upstream", upstream_problem(upstream)),
             ("port", port_problem(port)),
@@ -96,7 +103,9 @@ class Gateway:
             token=token is not None,
         )
         self.options = RunOptions(
-            request_training_data=request_training_data, export_tokens=export_tokens
+            request_training_data=request_training_data,
+            export_tokens=export_tokens,
+            translate=apis(translate),
         )
         self.out = Path(out) if out is not None else None
         self._upstream = Upstream(self.upstream, timeout, upstream_api_key)
@@ -175,12 +184,14 @@ class Gateway:
         agent: str | None = None,
         model: str | None = None,
         request_training_data: bool | None = None,
+        translate: str | Iterable[str] | None = None,
     ) -> str:
         """The OpenAI base URL (ending in ``/v1``) of ``trajectory``'s run: calls made to it
         are recorded into ``trajectory`` until it ends. The same URL each time it is asked.
 
         ``agent`` names the policy on its calls (default ``"gateway"``); ``model``: only calls
-        to this model are policy turns; ``request_training_data``: per run, see the class."""
+        to this model are policy turns; ``request_training_data``, ``translate``: per run,
+        see the class (``translate=()`` turns the gateway's off for this run)."""
         if self._state is not _State.OPENED:
             raise UsageError("the gateway is not serving: use `with Gateway(...) as gateway:`")
         if not isinstance(trajectory, Trajectory):
@@ -195,6 +206,7 @@ class Gateway:
             if request_training_data is None
             else request_training_data,
             export_tokens=self.options.export_tokens,
+            translate=self.options.translate if translate is None else _apis(translate),
         )
         return self._run_url(self.runs.attach(trajectory, options).id)
 
@@ -204,3 +216,9 @@ class Gateway:
     def __repr__(self) -> str:
         where = self.base_url if self._state is _State.OPENED else self._state.name.lower()
         return f"Gateway(upstream={self.upstream!r}, {where})"
+
+
+def _apis(value: str | Iterable[str]) -> frozenset[str]:
+    from ..translation import apis
+
+    return apis(value)
