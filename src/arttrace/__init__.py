@@ -31,6 +31,7 @@ from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
 from .capture._warnings import NothingToTrainWarning, RunOutlivedWarning, UntrainableTurnWarning
 from .executors import Executor, InProcessExecutor
+from .training._group import Group, GroupRewards, GroupRun
 
 if TYPE_CHECKING:
     from .executors import RayExecutor
@@ -82,6 +83,9 @@ __all__ = [
     "DryRunBackend",
     "Executor",
     "Gateway",
+    "Group",
+    "GroupRewards",
+    "GroupRun",
     "InProcessExecutor",
     "JournalError",
     "LLMCall",
