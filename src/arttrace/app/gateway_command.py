@@ -97,7 +97,24 @@ def add_parser(subparsers: Any) -> None:
         "'*': any). Without a token, browsers' requests from other sites are refused (default: "
         "none)",
     )
+    parser.add_argument(
+        "--translate",
+        default=None,
+        type=checked(str, _translate_problem),
+        metavar="APIS",
+        help="serve these protocols through the upstream's Chat Completions, so every turn "
+        "trains with exact tokens: 'responses', 'messages' or 'responses,messages' (default: "
+        "forward them as they are; a run can choose its own in POST /runs)",
+    )
     parser.set_defaults(run=run)
+
+
+def _translate_problem(value: str) -> str | None:
+    apis = ("responses", "messages")  # arttrace.translation.APIS, without importing it here
+    names = {n.strip().lower() for n in value.split(",") if n.strip()}
+    if not names or names - set(apis):
+        return f"must be {' or '.join(apis)} or both, comma-separated; got {value!r}"
+    return None
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
@@ -118,6 +135,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         timeout=args.timeout,
         allow_hosts=args.allow_host or (),
         allow_origins=args.allow_origin or (),
+        translate=args.translate,
     )
     try:
         gateway.start()
