@@ -31,13 +31,13 @@ from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
 from .capture._warnings import NothingToTrainWarning, RunOutlivedWarning, UntrainableTurnWarning
 from .executors import Executor, InProcessExecutor
-from .training._group import Group, GroupRewards, GroupRun
 
 if TYPE_CHECKING:
     from .executors import RayExecutor
     from .gateway import Gateway
     from .store import open_run
     from .training import CPUBackend, Curriculum, DryRunBackend, StepResult, Trainer
+    from .training._group import Group, GroupRewards, GroupRun
 
 _TRAINING = frozenset({"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer"})
 
@@ -49,6 +49,10 @@ def __getattr__(name: str) -> Any:
         from . import training
 
         return _public(getattr(training, name))
+    if name in ("Group", "GroupRewards", "GroupRun"):
+        from .training import _group
+
+        return _public(getattr(_group, name))
     if name == "RayExecutor":
         from .executors import RayExecutor
 
