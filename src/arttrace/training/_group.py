@@ -165,7 +165,8 @@ async def call_group_reward(fn: GroupReward[Any], group: Group[Any]) -> Any:
 
 
 async def _async_uncaptured(fn: GroupReward[Any], group: Group[Any]) -> Any:
-    return await uncaptured(lambda: fn(group))  # type: ignore[misc]
+    result: Any = uncaptured(lambda: fn(group))
+    return await result
 
 
 async def _await_uncaptured(awaitable: Awaitable[Any]) -> Any:
