@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
+from multidict import CIMultiDict
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,9 +24,11 @@ from ..capture._guard import guarded
 from ..capture._redact import remember, remember_query
 from ..capture._warnings import warn_unrecorded
 from ..capture._wire import Recorder
+from ..translation import Chains
 from ._admission import Admission, with_cors
 from ._relay import TOKEN_HEADER, Relay, Upstream, upstream_headers
-from ._runs import RunAPI, RunOptions, Runs, error, unknown_run
+from ._runs import Run, RunAPI, RunOptions, Runs, error, unknown_run
+from ._translate import refused, translated
 
 _RECORDED = ("chat/completions", "responses", "completions")
 _UNRECORDED = {
@@ -34,6 +37,9 @@ _UNRECORDED = {
 """Forwarded, but not recorded: a call to one says so (once). vLLM's Messages API has no field
 for logprobs or token ids (vllm/entrypoints/anthropic/protocol.py), so its turns cannot train."""
 _TOKEN = TOKEN_HEADER.encode()
+_KEY_HEADERS = (b"authorization", _TOKEN, b"x-api-key")
+"""Where a caller may present the gateway's token: ``x-api-key`` is where the Anthropic SDK
+puts its ``api_key``."""
 _RELAYED = re.compile(r"/runs/([^/]+)/v1/(.*)", re.DOTALL)
 """A run's OpenAI API: dispatched before Starlette's router and middleware, which cost a
 stream's first byte about 0.1 ms and each of its chunks a wrapper call."""
@@ -56,6 +62,8 @@ class GatewayApp:
         self.admission = admission
         remember(token)  # the gateway's keys are blanked out of records too
         remember(upstream.api_key)
+        self.chains = Chains()
+        """The ``previous_response_id`` chains of the runs that translate the Responses API."""
         api = RunAPI(runs, options)
         self.app = Starlette(
             routes=[
@@ -117,8 +125,7 @@ class GatewayApp:
 
     def _authorized(self, scope: Scope) -> bool:
         return any(
-            name in (b"authorization", _TOKEN) and self._is_token(value)
-            for name, value in scope["headers"]
+            name in _KEY_HEADERS and self._is_token(value) for name, value in scope["headers"]
         )
 
     def _is_token(self, value: bytes) -> bool:
@@ -135,11 +142,15 @@ class GatewayApp:
         run.trajectory.call_log.gateway_reached = True
         body = await request.body()
         raw = request.headers.raw
+        if self.token is not None:  # the gateway's token, given as an Anthropic key
+            raw = [(n, v) for n, v in raw if not (n == b"x-api-key" and self._is_token(v))]
         headers = upstream_headers(
             raw,
             drop_authorization=any(n == b"authorization" and self._is_token(v) for n, v in raw),
             api_key=self.upstream.api_key,
         )
+        if request.method == "POST" and path in run.options.translate:
+            return self._translated(request, run, path, body, headers)
         open_record: Callable[[], Recorder] | None = None
         if request.method == "POST" and path in _UNRECORDED:
             warn_unrecorded(_UNRECORDED[path], str(run.trajectory.example_id))
@@ -156,6 +167,31 @@ class GatewayApp:
                     )
         url = self.upstream.url(as_sent, request.scope["query_string"])
         return Relay(self.upstream, request.method, url, headers, body, open_record)
+
+    def _translated(
+        self, request: Request, run: Run, api: str, body: bytes, headers: CIMultiDict[str]
+    ) -> Response:
+        """A call to ``api`` that the run translates: served by the upstream's Chat
+        Completions, recorded as a chat call of the run (``_translate``)."""
+        parsed = _json_object(body)
+        if parsed is None:
+            return refused(api, 400, "arttrace gateway: the request body is not a JSON object")
+
+        def prepare(chat: dict[str, Any]) -> tuple[bytes, Callable[[], Recorder] | None]:
+            open_record: Callable[[], Recorder] | None = None
+            with guarded("the gateway preparing a translated call's record"):
+                remember_query(request.scope["query_string"])
+                chat = run.body_to_send("chat/completions", chat)
+                open_record = partial(
+                    run.open_recorder,
+                    "chat/completions",
+                    chat,
+                    self.upstream.server,
+                    request.headers,
+                )
+            return _dumps(chat), open_record
+
+        return translated(api, parsed, self.chains, self.upstream, headers, prepare)
 
 
 def _raw_tail(scope: Scope) -> str:
