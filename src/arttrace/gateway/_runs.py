@@ -133,6 +133,9 @@ class Runs:
         self._attached = 0
         self._journal: Journal | None = None
         self._slots: dict[int, _StepSlots] = {}
+        self.id_prefix = ""
+        """Starts every run id: a worker of ``arttrace gateway --workers`` names itself there,
+        so a request for the run that lands on another worker is handed to this one."""
 
     # -- runs of this process --------------------------------------------------------------
 
@@ -151,7 +154,7 @@ class Runs:
                 if self._attached > len(self._runs) // 2 + 64:  # amortised O(1) per run
                     self._attached = 0
                     self._forget_ended()
-                run = Run(_new_id(), trajectory, options)
+                run = Run(self.id_prefix + _new_id(), trajectory, options)
                 self._runs[run.id] = self._by_trajectory[trajectory] = run
                 trajectory.call_log.gateway = True  # it says so if no policy turn comes
             if run.otel is None and current:  # its calls become children of its span
@@ -197,7 +200,7 @@ class Runs:
         opened = contextvars.Context()
         opened.run(trajectory.__enter__)
         run = Run(
-            _new_id(),
+            self.id_prefix + _new_id(),
             trajectory,
             options,
             otel=opened.run(otel_context.get_current),
