@@ -56,7 +56,6 @@ _ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     408: "timeout_error",
-    413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
     500: "api_error",
