@@ -8,6 +8,7 @@ framework and HTTP client hooked, when the application imports it (at once if it
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,7 +27,12 @@ else:
 _SHIM = "arttrace.capture._openai"
 
 
-def instrument(*, request_training_data: bool = True, export_tokens: bool = False) -> None:
+def instrument(
+    *,
+    request_training_data: bool = True,
+    export_tokens: bool = False,
+    translate: str | Iterable[str] | None = None,
+) -> None:
     """Capture every model call the application makes: Chat Completions through the OpenAI
     SDK; the frameworks that are installed (LangChain, LlamaIndex, Google ADK), hooked when they
     are imported; and, below every client arttrace does not wrap (LiteLLM, DSPy, raw httpx,
@@ -36,9 +42,18 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
     ``ThreadPoolExecutor``, ``loop.run_in_executor``) carry the run, so their calls are
     recorded in it.
 
+    ``translate``: protocols (``"responses"``, ``"messages"``) whose calls through httpx (the
+    ``openai`` and ``anthropic`` SDKs, the OpenAI Agents SDK) are made as Chat Completions
+    calls to the same server, so every turn trains with exact tokens, and answered in the
+    caller's protocol (``docs/translation.md``); a run can choose its own with
+    ``trajectory(..., translate=...)``.
+
     Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
-    :class:`arttrace.Settings` for the two options.
+    :class:`arttrace.Settings` for the two other options.
     """
+    from .translation import _inprocess
+
+    _inprocess.configure(translate)  # first: a bad value changes nothing
     first = _context.shim_settings() is None
     _context.set_shim_settings(Settings(request_training_data, export_tokens))
     if first:
@@ -46,6 +61,8 @@ def instrument(*, request_training_data: bool = True, export_tokens: bool = Fals
     _threads.install()
     integrations.hook_frameworks()
     _http.install()
+    if translate:  # outside the shim's wrapper: a translated call is recorded below it
+        when_imported("openai", _inprocess.stand_aside)
 
 
 def uninstrument() -> None:
@@ -54,6 +71,10 @@ def uninstrument() -> None:
     if _context.shim_settings() is None:
         return
     _http.uninstall()
+    from .translation import _inprocess
+
+    _inprocess.configure(None)
+    _inprocess.restore()
     integrations.unhook_frameworks()
     _threads.uninstall()
     shim = sys.modules.get(_SHIM)

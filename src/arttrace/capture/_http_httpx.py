@@ -4,6 +4,10 @@ request of every transport passes through (LiteLLM's, its aiohttp-backed one inc
 A whole answer is recorded from ``response.content`` once ``send`` has read it; a streamed one
 from its raw bytes as the caller reads them (``response.stream`` replaced by a tap that passes
 every piece on as it comes).
+
+A call in a protocol this process or run translates (``instrument(translate=...)``, see
+:mod:`arttrace.translation._inprocess`) is sent as a Chat Completions call through the same
+client, recorded as one, and answered in the caller's protocol.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import orjson
 import wrapt
 
+from ..translation import _inprocess
 from . import _context
 from ._guard import guarded
 from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
@@ -92,8 +98,110 @@ def _args(
     return args, {**kwargs, "request": request}
 
 
+@starting
+def _translating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The translation of this ``send`` (or the caller's 400 when it cannot be translated),
+    or ``None`` to send it as it is."""
+    if _context.shim_settings() is None:
+        return None  # instrument() is off
+    request = args[0] if args else kwargs.get("request")
+    if not isinstance(request, httpx.Request):
+        return None
+    api = _inprocess.api_of(request.method, request.url.path)
+    if api is None or _context.records_itself(request.url.host, request.url.port):
+        return None  # not translated here, or a gateway of this process decides
+    return _inprocess.Translated.open(api, request)
+
+
+def _chat(
+    translated: _inprocess.Translated, instance: Any, args: Any, kwargs: dict[str, Any]
+) -> tuple[Exchange | None, Any, dict[str, Any]]:
+    """The record of a translated call (``None`` when nothing keeps it, or a layer above
+    records it) and the ``send`` arguments of its Chat Completions request."""
+    body = orjson.dumps(translated.translation.upstream_body)
+    exchange = None
+    if _context.recording() and (not _context.capturing.get() or _inprocess.aside.get()):
+        url = translated.request.url
+        opened = open_exchange(
+            "chat/completions",
+            body,
+            url.host,
+            url.port,
+            headers=[*translated.request.headers.multi_items(), *_auth(instance, kwargs)],
+            url=str(url),
+        )
+        if opened is not None:
+            exchange, sent = opened
+            body = sent if sent is not None else body
+    args, kwargs = _args(translated.chat_request(body), args, kwargs)
+    return exchange, args, kwargs
+
+
+def _send_translated(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    translated = _translating(args, kwargs)
+    if translated is None:
+        return None
+    if isinstance(translated, httpx.Response):
+        return translated
+    exchange, args, kwargs = _chat(translated, instance, args, kwargs)
+    token = _context.capturing.set(True)
+    try:
+        response = wrapped(*args, **kwargs)
+    except BaseException as error:
+        if exchange is not None:
+            exchange.failed(error, partial=False)
+        raise
+    finally:
+        _context.capturing.reset(token)
+    streamed = bool(kwargs.get("stream"))
+    if exchange is not None:
+        response = _watch(exchange, response, streamed)
+    if response.status_code >= 300 or not translated.translation.stream or not streamed:
+        try:
+            data = response.read()
+        finally:
+            response.close()
+        if response.status_code >= 300:
+            return translated.error_response(response.status_code, data)
+        return translated.whole(data)
+    return translated.streamed(response, is_async=False)
+
+
+async def _asend_translated(
+    wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any], translated: Any
+) -> Any:
+    if isinstance(translated, httpx.Response):
+        return translated
+    exchange, args, kwargs = _chat(translated, instance, args, kwargs)
+    token = _context.capturing.set(True)
+    try:
+        response = await wrapped(*args, **kwargs)
+    except BaseException as error:
+        if exchange is not None:
+            exchange.failed(error, partial=False)
+        raise
+    finally:
+        _context.capturing.reset(token)
+    streamed = bool(kwargs.get("stream"))
+    if exchange is not None:
+        response = _watch(exchange, response, streamed)
+    if response.status_code >= 300 or not translated.translation.stream or not streamed:
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
+        if response.status_code >= 300:
+            return translated.error_response(response.status_code, data)
+        return translated.whole(data)
+    return translated.streamed(response, is_async=True)
+
+
 @mark
 def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    if _inprocess.active():
+        answer = _send_translated(wrapped, instance, args, kwargs)
+        if answer is not None:
+            return answer
     opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
@@ -112,6 +220,10 @@ def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any
 
 @mark
 def _asend(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    if _inprocess.active():
+        translated = _translating(args, kwargs)
+        if translated is not None:
+            return _asend_translated(wrapped, instance, args, kwargs, translated)
     opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)

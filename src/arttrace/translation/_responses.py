@@ -31,9 +31,9 @@ from typing import Any
 
 import orjson
 
-from ..capture._responses import LOGPROBS_INCLUDE, assistant_message, chat_tools, input_messages
 from ._base import TranslationError
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 CHAINS_ENV = "ARTTRACE_TRANSLATE_CHAINS"
 """How many responses a :class:`Chains` store keeps by default (an environment variable)."""
 DEFAULT_CHAINS = 4096
@@ -495,6 +495,26 @@ class ResponsesTranslation:
 
 
 # -- pieces ---------------------------------------------------------------------------------
+
+
+def input_messages(items: Any, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """The capture core's reading of Responses input items (imported when first used: it
+    loads the ``openai`` package, which a process translating only Messages may not use)."""
+    from ..capture._responses import input_messages as read
+
+    return read(items, skipped)
+
+
+def assistant_message(items: list[dict[str, Any]]) -> dict[str, Any]:
+    from ..capture._responses import assistant_message as read
+
+    return read(items)
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    from ..capture._responses import chat_tools as read
+
+    return read(tools)
 
 
 def _refused(what: str, field: str) -> str:
