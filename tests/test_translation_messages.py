@@ -16,10 +16,13 @@ import pydantic
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 
+import arttrace as at
+from arttrace.gateway import Gateway
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 from arttrace.translation import TranslationError
 from arttrace.translation._messages import SIGNATURE, MessagesTranslation
 from served import KeptLLM, served
+from test_gateway_support import RecordingUpstream
 
 TRAINING = {"logprobs": True, "return_token_ids": True}
 """What the gateway adds to every upstream body."""
@@ -572,3 +575,98 @@ def test_an_upstream_stream_without_usage_still_counts_the_tokens() -> None:
     delta = next(e for e in _events(data) if e["type"] == "message_delta")
     assert delta["usage"]["input_tokens"] == len(prompt)
     assert delta["usage"]["output_tokens"] == len(sampled)
+
+
+# -- through the gateway ------------------------------------------------------------------
+
+
+def _weather_agent() -> ScriptedLLM:
+    """A policy that calls two tools in parallel, thinking first, then answers from them."""
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1]["role"] == "tool":
+            results = [m["content"] for m in request["messages"] if m["role"] == "tool"]
+            return Reply(f"Paris: {results[0]}; Oslo: {results[1]}.")
+        return Reply(
+            "Checking both.",
+            reasoning="Two cities, two calls.",
+            tool_calls=[
+                ToolCall("weather", {"city": "Paris"}),
+                ToolCall("weather", {"city": "Oslo"}),
+            ],
+        )
+
+    return ScriptedLLM(respond)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_an_anthropic_sdk_tool_loop_through_the_gateway_trains_every_turn(stream: bool) -> None:
+    """The agent speaks Messages with the real SDK; the gateway (``translate="messages"``)
+    calls the upstream's Chat Completions, answers each turn in Messages and records each as a
+    trainable turn with the upstream's exact tokens."""
+    upstream = RecordingUpstream(_weather_agent())
+    with (
+        upstream,
+        Gateway(upstream.base_url, translate="messages") as gateway,
+        at.trajectory("q-1") as t,
+        anthropic.Anthropic(
+            api_key="test", base_url=gateway.url(t).removesuffix("/v1"), max_retries=0
+        ) as client,
+    ):
+        messages: list[Any] = [{"role": "user", "content": "Weather in Paris and Oslo?"}]
+        got: list[Message] = []
+        for _ in range(2):
+            ask: dict[str, Any] = {"model": "policy", "max_tokens": 256, "tools": [WEATHER]}
+            if stream:
+                with client.messages.stream(messages=messages, **ask) as events:
+                    got.append(events.get_final_message())
+            else:
+                got.append(client.messages.create(messages=messages, **ask))
+            messages.append({"role": "assistant", "content": got[-1].content})
+            calls = [b for b in got[-1].content if b.type == "tool_use"]
+            results = {"Paris": "sunny", "Oslo": "snow"}
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": c.id,
+                            "content": results[c.input["city"]],
+                        }
+                        for c in calls
+                    ],
+                }
+            )
+        t.reward = 1.0
+
+    first, last = got
+    assert [b.type for b in first.content] == ["thinking", "text", "tool_use", "tool_use"]
+    assert [b.input for b in first.content if b.type == "tool_use"] == [
+        {"city": "Paris"},
+        {"city": "Oslo"},
+    ]
+    assert first.stop_reason == "tool_use"
+    assert last.content[0].type == "text" and last.content[0].text == "Paris: sunny; Oslo: snow."
+    # the upstream was called with Chat Completions, asked for the training data
+    assert [e.path for e in upstream.exchanges] == ["/v1/chat/completions"] * 2
+    assert all(e.body["logprobs"] and e.body["return_token_ids"] for e in upstream.exchanges)
+    # each Message is the translation of what the upstream answered
+    for message, exchange in zip(got, upstream.exchanges, strict=True):
+        prompt, sampled, _ = served(exchange.answered, stream)
+        assert (message.usage.input_tokens, message.usage.output_tokens) == (
+            len(prompt),
+            len(sampled),
+        )
+    # every turn trains, with the upstream's exact tokens
+    assert [c.trainable for c in t.calls] == [True, True] and t.trainable_turns == 2
+    for call, exchange in zip(t.calls, upstream.exchanges, strict=True):
+        prompt, sampled, logprobs = served(exchange.answered, stream)
+        assert call.prompt_token_ids is not None and call.prompt_token_ids.tolist() == prompt
+        choice = call.choices[0]
+        assert choice.token_ids is not None and choice.token_ids.tolist() == sampled
+        assert choice.logprobs is not None and choice.logprobs.tolist() == logprobs
+        assert call.streamed is stream
+    (conversation,) = t.conversations()
+    roles = [i["role"] if isinstance(i, dict) else "turn" for i in conversation.items]
+    assert roles == ["user", "turn", "tool", "tool", "turn"]
