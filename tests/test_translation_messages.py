@@ -444,6 +444,58 @@ def test_a_request_becomes_the_chat_request_vllm_would_make() -> None:
     }
 
 
+def test_tool_results_come_first_then_one_user_message_with_their_images() -> None:
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    calls = [{"type": "tool_use", "id": f"t{k}", "name": "shot", "input": {}} for k in (1, 2)]
+    body = {
+        "model": "policy",
+        "max_tokens": 9,
+        "messages": [
+            {"role": "user", "content": "Screenshots?"},
+            {"role": "assistant", "content": calls},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [
+                            {"type": "text", "text": "one"},
+                            {"type": "image", "source": png},
+                        ],
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t2",
+                        "content": "two",
+                        "is_error": True,
+                    },
+                    {"type": "text", "text": "Compare."},
+                ],
+            },
+        ],
+    }
+    assert MessagesTranslation(body).upstream_body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"t{k}", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+                for k in (1, 2)
+            ],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "one"},
+        {"role": "tool", "tool_call_id": "t2", "content": "two"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "text", "text": "Compare."},
+            ],
+        },
+    ]
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [

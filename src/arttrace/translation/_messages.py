@@ -12,8 +12,8 @@ Choices made where Messages and Chat Completions differ (``docs/translation.md``
 - An earlier assistant turn's ``thinking`` goes back as the message's ``reasoning`` (the field
   vLLM reads and hands to the chat template as ``reasoning_content``); ``redacted_thinking``
   is opaque and dropped.
-- ``thinking`` (the request's budget), ``metadata``, ``cache_control``, ``service_tier`` and
-  the like have no Chat Completions counterpart and are dropped; a reasoning model thinks as its
+- ``thinking`` (the request's budget), ``metadata``, ``cache_control``, ``service_tier``,
+  ``context_management`` and the like have no Chat Completions counterpart and are dropped; a reasoning model thinks as its
   chat template and the server's reasoning parser say (``chat_template_kwargs`` passes through).
 - A tool result's ``is_error`` is not marked in the prompt (vLLM's Messages server does not
   either): its text says what failed.
@@ -47,8 +47,9 @@ SIGNATURE = "arttrace"
 _PASSED = ("temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty")
 """Sampling fields copied as they are (``top_k`` and the last three are vLLM extensions, which
 the ``anthropic`` SDK sends through ``extra_body``)."""
-_SERVER_ONLY = ("mcp_servers", "container", "context_management")
-"""Request fields that need Anthropic's servers."""
+_SERVER_ONLY = ("mcp_servers", "container")
+"""Request fields that need Anthropic's servers (``context_management``, which clears old
+tool results server-side, is dropped: the prompt is then longer, not wrong)."""
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -386,7 +387,7 @@ def _chat_request(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if config.get("effort"):
         chat["reasoning_effort"] = config["effort"]
     last = chat["messages"][-1] if chat["messages"] else {}
-    if last.get("role") == "assistant" and not last.get("tool_calls"):
+    if last.get("role") == "assistant" and last.get("content") and not last.get("tool_calls"):
         # a prefill: the answer continues the assistant's text, as Messages does
         chat["continue_final_message"], chat["add_generation_prompt"] = True, False
     if stream:
@@ -435,11 +436,14 @@ def _system_texts(system: Any) -> list[str]:
 
 def _blocks(role: str, blocks: list[Any], number: int) -> list[dict[str, Any]]:
     """One message's blocks as chat messages: a user's tool results become ``tool``
-    messages (ahead of the rest of its content, as Messages puts them first)."""
+    messages, all of them first (a chat template expects them right after the assistant's
+    calls), then one user message with their images (a tool message carries text only) and
+    the rest of its content."""
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
-    before: list[dict[str, Any]] = []  # tool messages (and their images)
+    tools: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []  # the tool results'
     for block in blocks:
         if not isinstance(block, dict):
             raise TranslationError(f"messages[{number}].content holds a non-object block")
@@ -468,7 +472,9 @@ def _blocks(role: str, blocks: list[Any], number: int) -> list[dict[str, Any]]:
                 }
             )
         elif kind == "tool_result" and role == "user":
-            before += _tool_result(block, number)
+            tool, shown = _tool_result(block, number)
+            tools.append(tool)
+            images += shown
         else:
             raise TranslationError(
                 f"messages[{number}] ({role}) holds a {kind!r} block, which a translated "
@@ -477,6 +483,7 @@ def _blocks(role: str, blocks: list[Any], number: int) -> list[dict[str, Any]]:
                 "off for this agent"
             )
     message: dict[str, Any] = {"role": role}
+    parts = images + parts
     if parts:
         only_text = len(parts) == 1 and parts[0]["type"] == "text"
         message["content"] = parts[0]["text"] if only_text else parts
@@ -486,15 +493,15 @@ def _blocks(role: str, blocks: list[Any], number: int) -> list[dict[str, Any]]:
     if reasoning:
         message["reasoning"] = "".join(reasoning)
     if role == "user" and "content" not in message:
-        return before  # only tool results
+        return tools  # only tool results
     if "content" not in message:
         message["content"] = ""
-    return [*before, message]
+    return [*tools, message]
 
 
-def _tool_result(block: dict[str, Any], number: int) -> list[dict[str, Any]]:
-    """A ``tool_result`` as a ``tool`` message (its text blocks joined by newlines), then a
-    user message with its images, if any (chat tool messages carry text only)."""
+def _tool_result(block: dict[str, Any], number: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ``tool_result`` as a ``tool`` message (its text blocks joined by newlines), and its
+    images as chat image parts."""
     content = block.get("content")
     texts: list[str] = []
     images: list[dict[str, Any]] = []
@@ -513,16 +520,12 @@ def _tool_result(block: dict[str, Any], number: int) -> list[dict[str, Any]]:
                 f"messages[{number}] holds a tool_result with a {kind!r} block; a translated "
                 "call can send text, images and text documents"
             )
-    out: list[dict[str, Any]] = [
-        {
-            "role": "tool",
-            "tool_call_id": block.get("tool_use_id") or "",
-            "content": "\n".join(texts),
-        }
-    ]
-    if images:
-        out.append({"role": "user", "content": images})
-    return out
+    tool = {
+        "role": "tool",
+        "tool_call_id": block.get("tool_use_id") or "",
+        "content": "\n".join(texts),
+    }
+    return tool, images
 
 
 def _image_url(block: dict[str, Any], number: int) -> str:
