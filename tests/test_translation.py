@@ -1,0 +1,389 @@
+"""Translation: an agent speaking the Responses API, served through the upstream's Chat
+Completions, through the gateway and through the in-process HTTP layer, with the real
+``openai`` SDK and the OpenAI Agents SDK's default model. The caller's view (the SDK's
+objects and events) is compared field by field with what the scripted server's own
+``/v1/responses`` (vLLM's shapes) answers for the same scripted turns, and every turn is a
+trainable turn with the exact tokens the server sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import agents
+import httpx
+import openai
+import pytest
+from agents import Agent, RunConfig, Runner, function_tool
+from agents.models.openai_provider import OpenAIProvider
+
+import arttrace as at
+from arttrace.capture import _warnings
+from arttrace.testing import LLMServer, Reply, ToolCall, serve
+from arttrace.testing.llm import ScriptExhausted
+from arttrace.translation import Chains, ResponsesTranslation, TranslationError
+from conftest import warnings_are_errors
+from served import KeptLLM
+
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two numbers.",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
+}
+MODES = ["gateway", "in-process"]
+
+
+def respond(request: dict[str, Any]) -> Reply:
+    """The scripted model: with tools, two calls of ``add`` (the first with a word first),
+    then the sum; a user saying "fail" makes the server fail."""
+    messages = request["messages"]
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    if user == "fail":
+        raise ScriptExhausted("the scripted server failed on purpose")
+    results = [m for m in messages if m["role"] == "tool"]
+    if request.get("tools") and len(results) < 2:
+        n = len(results)
+        return Reply(
+            "Adding." if n == 0 else None,
+            tool_calls=[ToolCall("add", {"a": n + 1, "b": 2}, id=f"call_{n}")],
+        )
+    if results:
+        return Reply(f"The sum is {results[-1]['content']}.")
+    return Reply(f"You said: {user}")
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[LLMServer, KeptLLM]]:
+    llm = KeptLLM(respond)
+    with serve(llm) as server:
+        yield server, llm
+
+
+@pytest.fixture(scope="module")
+def native() -> Iterator[LLMServer]:
+    """The same scripted model answering ``/v1/responses`` itself: what the caller must see."""
+    with serve(KeptLLM(respond)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: tuple[LLMServer, KeptLLM]) -> Iterator[at.Gateway]:
+    with at.Gateway(upstream[0].base_url, translate="responses") as running:
+        yield running
+
+
+Body = Callable[[str], Any]
+
+
+def in_run(mode: str, gateway: at.Gateway, server: LLMServer, body: Body) -> tuple[Any, Any]:
+    """``body(base_url)`` in a run, its calls translated by ``mode``: the trajectory and what
+    ``body`` returned (a coroutine is run)."""
+
+    def call(url: str) -> Any:
+        result = body(url)
+        return asyncio.run(result) if asyncio.iscoroutine(result) else result
+
+    if mode == "gateway":
+        with at.trajectory("q") as t:
+            result = call(gateway.url(t))
+        return t, result
+    at.instrument(translate="responses")
+    try:
+        with at.trajectory("q") as t:
+            result = at.trainable(call)(server.base_url)
+    finally:
+        at.uninstrument()
+        _warnings.reset()
+    return t, result
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="test", max_retries=0)
+
+
+def trains_exactly(t: at.Trajectory, llm: KeptLLM, turns: int) -> None:
+    """Every call of ``t`` is a policy turn with the ids and logprobs the server sent for the
+    last ``turns`` chat answers."""
+    assert [c.source for c in t.calls] == [t.calls[0].source] * turns
+    assert t.trainable_turns == turns
+    for call, index in zip(t.calls, range(-turns, 0), strict=True):
+        (choice,) = call.choices
+        assert call.trainable and call.untrainable_reason(choice) is None
+        assert call.prompt_token_ids is not None and choice.token_ids is not None
+        assert choice.logprobs is not None
+        recorded = (
+            call.prompt_token_ids.tolist(),
+            choice.token_ids.tolist(),
+            choice.logprobs.tolist(),
+        )
+        assert recorded == llm.tokens(index)
+
+
+# -- the caller's view, reduced to what must match a native server ---------------------------
+
+
+def item_view(item: Any) -> dict[str, Any]:
+    d = item if isinstance(item, dict) else item.model_dump(exclude_none=True)
+    keep = ("type", "status", "role", "name", "call_id", "arguments")
+    view = {k: d[k] for k in keep if k in d}
+    if "content" in d:
+        view["content"] = [(p.get("type"), p.get("text")) for p in d["content"] or ()]
+    return view
+
+
+def response_view(response: Any) -> dict[str, Any]:
+    d = response if isinstance(response, dict) else response.model_dump(exclude_none=True)
+    usage = d.get("usage") or {}
+    return {
+        "object": d["object"],
+        "status": d["status"],
+        "incomplete_details": d.get("incomplete_details"),
+        "model": d["model"],
+        "output": [item_view(i) for i in d["output"]],
+        "usage": [usage.get(k) for k in ("input_tokens", "output_tokens", "total_tokens")],
+        "tools": [t["name"] for t in d.get("tools") or ()],
+        "previous_response_id": bool(d.get("previous_response_id")),
+    }
+
+
+def events_view(events: list[Any]) -> list[tuple[Any, ...]]:
+    """Each event's type and key fields, in order; the sequence numbers must count from 0 and
+    each event's ``item_id`` must be the id of the item added at its ``output_index``."""
+    ids: dict[int, str] = {}
+    view: list[tuple[Any, ...]] = []
+    for number, event in enumerate(events):
+        d = event.model_dump(exclude_none=True)
+        assert d["sequence_number"] == number
+        if d["type"] == "response.output_item.added":
+            ids[d["output_index"]] = d["item"]["id"]
+        if "item_id" in d:
+            assert d["item_id"] == ids[d["output_index"]]
+        fields: tuple[Any, ...] = (d["type"],)
+        for key in ("output_index", "content_index", "delta", "text", "arguments"):
+            if key in d:
+                fields += ((key, d[key]),)
+        if "item" in d:
+            fields += (("item", item_view(d["item"])),)
+        if "part" in d:
+            fields += (("part", d["part"]["type"], d["part"].get("text")),)
+        if "response" in d:
+            fields += (("response", response_view(d["response"])),)
+        view.append(fields)
+    return view
+
+
+# -- the openai SDK ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_whole_response_matches_the_native_one_and_trains(mode, gateway, upstream, native):
+    server, llm = upstream
+
+    def body(url: str) -> list[Any]:
+        c = client(url)
+        called = c.responses.create(model="policy", input="Add 1 and 2.", tools=[ADD])
+        said = c.responses.create(model="policy", input="Hello", instructions="Be brief.")
+        return [called, said]
+
+    with warnings_are_errors():
+        t, got = in_run(mode, gateway, server, body)
+    expected = body(native.base_url)
+    assert [response_view(r) for r in got] == [response_view(r) for r in expected]
+    assert got[0].output[1].call_id == "call_0" and got[1].output_text == "You said: Hello"
+    assert got[0].id != got[1].id and got[0].id.startswith("resp_")
+    trains_exactly(t, llm, 2)
+    assert t.calls[1].messages[0] == {"role": "system", "content": "Be brief."}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stream_sends_the_native_events_in_order_and_trains(mode, gateway, upstream, native):
+    server, llm = upstream
+
+    def body(url: str) -> tuple[list[Any], Any]:
+        c = client(url)
+        events = list(c.responses.create(model="policy", input="Add.", tools=[ADD], stream=True))
+        with c.responses.stream(model="policy", input="Hi") as stream:  # the SDK's helper
+            for _ in stream:
+                pass
+            final = stream.get_final_response()
+        return events, final
+
+    with warnings_are_errors():
+        t, (events, final) = in_run(mode, gateway, server, body)
+    expected, expected_final = body(native.base_url)
+    assert events_view(events) == events_view(expected)
+    assert [e.type for e in events][:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert "response.function_call_arguments.delta" in [e.type for e in events]
+    assert events[-1].type == "response.completed"
+    assert response_view(final) == response_view(expected_final)
+    assert final.output_text == "You said: Hi"
+    trains_exactly(t, llm, 2)
+    assert all(c.streamed for c in t.calls)
+
+
+def tool_loop(url: str, *, chain: bool) -> list[Any]:
+    """Three turns: two calls of ``add``, each answered, then the sum; continued with
+    ``previous_response_id`` (``chain``) or by sending the whole conversation again."""
+    c = client(url)
+    conversation: list[Any] = [{"role": "user", "content": "Add twice."}]
+    responses = [c.responses.create(model="policy", input=conversation, tools=[ADD])]
+    for _ in range(2):
+        last = responses[-1]
+        (call,) = [o for o in last.output if o.type == "function_call"]
+        result = {"type": "function_call_output", "call_id": call.call_id, "output": "3"}
+        if chain:
+            responses.append(
+                c.responses.create(
+                    model="policy", input=[result], previous_response_id=last.id, tools=[ADD]
+                )
+            )
+        else:
+            conversation += [o.model_dump(exclude_none=True) for o in last.output] + [result]
+            responses.append(c.responses.create(model="policy", input=conversation, tools=[ADD]))
+    return responses
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_three_turn_tool_loop_trains_every_turn_chained_or_replayed(
+    mode, gateway, upstream, native
+):
+    server, llm = upstream
+    with warnings_are_errors():
+        chained, chained_answers = in_run(mode, gateway, server, lambda u: tool_loop(u, chain=True))
+        trains_exactly(chained, llm, 3)
+        replayed, replayed_answers = in_run(
+            mode, gateway, server, lambda u: tool_loop(u, chain=False)
+        )
+        trains_exactly(replayed, llm, 3)
+    expected = tool_loop(native.base_url, chain=True)
+    assert [response_view(r) for r in chained_answers] == [response_view(r) for r in expected]
+    assert chained_answers[-1].output_text == "The sum is 3."
+    # arttrace's chain sends the upstream the whole conversation: the same prompts as a replay
+    assert [c.prompt_token_ids.tolist() for c in chained.calls] == [
+        c.prompt_token_ids.tolist() for c in replayed.calls
+    ]
+    assert [c.messages for c in chained.calls] == [c.messages for c in replayed.calls]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_what_cannot_be_translated_is_a_400_and_upstream_errors_reach_the_caller(
+    mode, gateway, upstream
+):
+    server, _ = upstream
+
+    def body(url: str) -> list[openai.APIStatusError]:
+        c = client(url)
+        caught = []
+        for kwargs in (
+            {"input": "x", "previous_response_id": "resp_unknown"},
+            {"input": "x", "tools": [{"type": "web_search"}]},
+            {"input": "fail"},
+            {"input": "fail", "stream": True},
+        ):
+            with pytest.raises(openai.APIStatusError) as error:
+                c.responses.create(model="policy", **kwargs)
+            caught.append(error.value)
+        return caught
+
+    t, (unknown, built_in, failed, failed_stream) = in_run(mode, gateway, server, body)
+    assert unknown.status_code == 400 and "'resp_unknown'" in unknown.message
+    assert "evicted" in unknown.message and "ARTTRACE_TRANSLATE_CHAINS" in unknown.message
+    assert built_in.status_code == 400 and "web search" in built_in.message
+    for error in (failed, failed_stream):
+        assert error.status_code == 500
+        assert error.body["message"] == "the scripted server failed on purpose"  # type: ignore[index]
+    assert [c.error is not None for c in t.calls] == [True, True]  # the upstream's, recorded
+
+
+# -- the OpenAI Agents SDK's default model ----------------------------------------------------
+
+
+@function_tool
+def add(a: float, b: float) -> str:
+    """Add two numbers."""
+    return str(a + b)
+
+
+def agent_run(url: str, *, stream: bool) -> Any:
+    async def go() -> Any:
+        async with openai.AsyncOpenAI(base_url=url, api_key="test", max_retries=0) as c:
+            config = RunConfig(model_provider=OpenAIProvider(openai_client=c), model="policy")
+            agent = Agent(name="adder", instructions="Add numbers.", tools=[add])
+            if stream:
+                result = Runner.run_streamed(agent, "Add twice.", run_config=config)
+                async for _ in result.stream_events():
+                    pass
+                return result.final_output
+            return (await Runner.run(agent, "Add twice.", run_config=config)).final_output
+
+    return go()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
+@pytest.mark.parametrize("mode", MODES)
+def test_the_agents_sdk_default_model_trains_every_turn(mode, stream, gateway, upstream, native):
+    """Stock vLLM sends no logprobs for the two turns that are only function calls: through
+    translation, all three train."""
+    server, llm = upstream
+    agents.set_trace_processors([])
+    with warnings_are_errors():
+        t, answer = in_run(mode, gateway, server, lambda url: agent_run(url, stream=stream))
+    assert answer == asyncio.run(agent_run(native.base_url, stream=stream)) == "The sum is 4.0."
+    trains_exactly(t, llm, 3)
+    assert t.calls[-1].messages[-1]["role"] == "tool"
+
+
+# -- the pieces -------------------------------------------------------------------------------
+
+
+def test_chains_are_bounded_least_recently_used_first_out():
+    chains = Chains(2)
+    for name in ("a", "b"):
+        chains.put(name, [{"role": "user", "content": name}])
+    assert chains.get("a") is not None  # now the most recently used
+    chains.put("c", [])
+    assert chains.get("b") is None and chains.get("a") is not None and len(chains) == 2
+    with pytest.raises(TranslationError, match="'b' is not known.*last 2 responses"):
+        ResponsesTranslation({"model": "m", "input": "x", "previous_response_id": "b"}, chains)
+
+
+def test_store_false_keeps_no_chain_and_unknown_names_are_refused(gateway):
+    chains = Chains(4)
+    t = ResponsesTranslation({"model": "m", "input": "x", "store": False}, chains)
+    t.answer({"choices": [{"message": {"role": "assistant", "content": "y"}}]})
+    assert len(chains) == 0
+    with pytest.raises(at.ConfigurationError, match="'responses' and 'messages'"):
+        at.instrument(translate="completions")
+    assert not at.is_instrumented()
+    with pytest.raises(at.ConfigurationError, match="cannot translate 'chat'"):
+        at.Gateway("http://127.0.0.1:1/v1", translate=["responses", "chat"])
+
+
+def test_a_run_opened_over_http_chooses_translation(upstream, tmp_path):
+    """``POST /runs {"translate": ["responses"]}`` on a gateway that does not translate."""
+    server, llm = upstream
+    with at.Gateway(server.base_url, out=tmp_path) as plain:
+        opened = httpx.post(
+            f"{plain.base_url}/runs", json={"example_id": "q", "translate": ["responses"]}
+        ).json()
+        answer = client(opened["url"]).responses.create(model="policy", input="Hi")
+        shown = httpx.get(f"{plain.base_url}/runs/{opened['run_id']}").json()
+        refused = httpx.post(f"{plain.base_url}/runs", json={"example_id": "q", "translate": 3})
+    assert answer.output_text == "You said: Hi"
+    assert shown["trainable_turns"] == 1
+    assert (
+        refused.status_code == 400
+        and "translate" in json.loads(refused.content)["error"]["message"]
+    )
