@@ -263,9 +263,7 @@ def test_a_three_turn_tool_loop_trains_every_turn_chained_or_replayed(
     with warnings_are_errors():
         chained, chained_answers = in_run(mode, gateway, server, lambda u: tool_loop(u, chain=True))
         trains_exactly(chained, llm, 3)
-        replayed, replayed_answers = in_run(
-            mode, gateway, server, lambda u: tool_loop(u, chain=False)
-        )
+        replayed, _ = in_run(mode, gateway, server, lambda u: tool_loop(u, chain=False))
         trains_exactly(replayed, llm, 3)
     expected = tool_loop(native.base_url, chain=True)
     assert [response_view(r) for r in chained_answers] == [response_view(r) for r in expected]
@@ -355,7 +353,7 @@ def test_chains_are_bounded_least_recently_used_first_out():
     assert chains.get("a") is not None  # now the most recently used
     chains.put("c", [])
     assert chains.get("b") is None and chains.get("a") is not None and len(chains) == 2
-    with pytest.raises(TranslationError, match="'b' is not known.*last 2 responses"):
+    with pytest.raises(TranslationError, match=r"'b' is not known.*last 2 responses"):
         ResponsesTranslation({"model": "m", "input": "x", "previous_response_id": "b"}, chains)
 
 
@@ -373,7 +371,7 @@ def test_store_false_keeps_no_chain_and_unknown_names_are_refused(gateway):
 
 def test_a_run_opened_over_http_chooses_translation(upstream, tmp_path):
     """``POST /runs {"translate": ["responses"]}`` on a gateway that does not translate."""
-    server, llm = upstream
+    server, _ = upstream
     with at.Gateway(server.base_url, out=tmp_path) as plain:
         opened = httpx.post(
             f"{plain.base_url}/runs", json={"example_id": "q", "translate": ["responses"]}
