@@ -576,6 +576,7 @@ def test_the_sdk_raises_a_400_for_a_server_tool_with_the_reason() -> None:
         (429, anthropic.RateLimitError, "rate_limit_error"),
         (500, anthropic.InternalServerError, "api_error"),
         (503, anthropic.ServiceUnavailableError, "overloaded_error"),
+        (529, anthropic.OverloadedError, "overloaded_error"),
     ],
 )
 def test_an_upstream_error_is_anthropics_error_for_its_status(

@@ -13,8 +13,9 @@ Choices made where Messages and Chat Completions differ (``docs/translation.md``
   vLLM reads and hands to the chat template as ``reasoning_content``); ``redacted_thinking``
   is opaque and dropped.
 - ``thinking`` (the request's budget), ``metadata``, ``cache_control``, ``service_tier``,
-  ``context_management`` and the like have no Chat Completions counterpart and are dropped; a reasoning model thinks as its
-  chat template and the server's reasoning parser say (``chat_template_kwargs`` passes through).
+  ``context_management`` and the like have no Chat Completions counterpart and are dropped;
+  a reasoning model thinks as its chat template and the server's reasoning parser say
+  (``chat_template_kwargs`` passes through).
 - A tool result's ``is_error`` is not marked in the prompt (vLLM's Messages server does not
   either): its text says what failed.
 - Anthropic's server tools (web search, code execution, ...), its schema-less client tools
@@ -24,6 +25,9 @@ Choices made where Messages and Chat Completions differ (``docs/translation.md``
   agent as ``input: {}`` with a warning in the log, so the agent's own validation answers the
   model; the turn is recorded as the model sampled it.
 - A thinking block is signed ``"arttrace"``: the SDK requires a signature, and nothing checks it.
+- A streamed tool call's arguments come in one ``input_json_delta`` when its block closes
+  (checked first, so the SDK never meets JSON it cannot parse); text and thinking stream as
+  they are sampled.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import orjson
 
 from ._base import TranslationError
 
-__all__ = ["MessagesTranslation"]
+__all__ = ["MessagesTranslation", "error_body"]
 
 _log = logging.getLogger("arttrace")
 
@@ -66,6 +70,14 @@ _ERROR_TYPES = {
 }
 """Anthropic's error type for an upstream status (other 4xx: ``invalid_request_error``, other
 5xx: ``api_error``)."""
+
+
+def error_body(status: int, message: str) -> bytes:
+    """Anthropic's error body for an HTTP ``status``: ``{"type": "error", "error": {"type":
+    ..., "message": message}}``, the type the SDK maps to its exception (429:
+    ``rate_limit_error``, 503 and 529: ``overloaded_error``, ...)."""
+    kind = _ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
 class MessagesTranslation:
@@ -190,15 +202,11 @@ class MessagesTranslation:
 
     def error(self, status: int, body: bytes) -> bytes:
         """Anthropic's error body for an upstream error (an ``error`` event when streaming)."""
-        kind = _ERROR_TYPES.get(status) or (
-            "api_error" if status >= 500 else "invalid_request_error"
-        )
         message = _upstream_message(body) or f"the upstream server answered HTTP {status}"
-        payload = {"type": "error", "error": {"type": kind, "message": message}}
         if self.stream:
             self._done = True
-            return _event("error", payload)
-        return orjson.dumps(payload)
+            return b"event: error\ndata: " + error_body(status, message) + b"\n\n"
+        return error_body(status, message)
 
     # -- the stream's blocks -------------------------------------------------------------
 
