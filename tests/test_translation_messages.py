@@ -723,3 +723,35 @@ def test_an_anthropic_sdk_tool_loop_through_the_gateway_trains_every_turn(stream
     (conversation,) = t.conversations()
     roles = [i["role"] if isinstance(i, dict) else "turn" for i in conversation.items]
     assert roles == ["user", "turn", "tool", "tool", "turn"]
+
+
+def test_a_tool_call_streamed_after_the_next_began_is_left_out_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM streams tool calls one after the other; an upstream that goes back to an earlier
+    one cannot reopen its block: the agent still gets a stream its SDK reads, and the log
+    says what was left out."""
+    t = MessagesTranslation({"model": "m", "max_tokens": 9, "messages": [], "stream": True})
+    head = {"id": "chatcmpl-y", "model": "m", "object": "chat.completion.chunk"}
+
+    def call(index: int, **fields: Any) -> dict[str, Any]:
+        delta = {"tool_calls": [{"index": index, **fields}]}
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+    pieces = [
+        call(0, id="a", function={"name": "weather", "arguments": '{"city": "Paris"}'}),
+        call(1, id="b", function={"name": "weather", "arguments": '{"city": "Oslo"}'}),
+        call(0, function={"arguments": " "}),
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    with caplog.at_level(logging.WARNING, logger="arttrace"):
+        data = b"".join(t.chunk(c) for c in pieces) + t.end()
+    assert "tool call 0 after the next one began" in caplog.text
+    with sdk(
+        lambda _: httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=data)
+    ).messages.stream(model="m", max_tokens=9, messages=[{"role": "user", "content": "?"}]) as s:
+        message = s.get_final_message()
+    assert [(b.id, b.input) for b in message.content if b.type == "tool_use"] == [
+        ("a", {"city": "Paris"}),
+        ("b", {"city": "Oslo"}),
+    ]

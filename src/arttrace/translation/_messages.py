@@ -166,7 +166,7 @@ class MessagesTranslation:
             self._usage = chunk["usage"]
         choices = chunk.get("choices") or ()
         for choice in choices:
-            if choice.get("index", 0) != 0:
+            if choice.get("index"):
                 continue  # Messages has one answer; the request never asks for more
             ids = choice.get("token_ids")
             if ids:
