@@ -755,3 +755,47 @@ def test_a_tool_call_streamed_after_the_next_began_is_left_out_with_a_warning(
         ("a", {"city": "Paris"}),
         ("b", {"city": "Oslo"}),
     ]
+
+
+def test_a_claude_code_shaped_beta_call_through_the_gateway_trains() -> None:
+    """``client.beta.messages`` (``/v1/messages?beta=true``, what Claude Code calls) with its
+    billing header, thinking budget and metadata: one trainable turn, the header kept out of
+    the prompt."""
+    upstream = RecordingUpstream(ScriptedLLM([Reply("Done.", reasoning="Nothing to do.")]))
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0; cch=9f;"},
+        {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+    ]
+    with (
+        upstream,
+        Gateway(upstream.base_url, translate="messages") as gateway,
+        at.trajectory("q-1") as t,
+        anthropic.Anthropic(
+            api_key="test", base_url=gateway.url(t).removesuffix("/v1"), max_retries=0
+        ) as client,
+        client.beta.messages.stream(
+            model="policy",
+            max_tokens=512,
+            system=system,
+            messages=[{"role": "user", "content": "Tidy up."}],
+            metadata={"user_id": "u-1"},
+            thinking={"type": "enabled", "budget_tokens": 256},
+            betas=["interleaved-thinking-2025-05-14"],
+        ) as stream,
+    ):
+        message = stream.get_final_message()
+    assert [
+        (b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content
+    ] == [
+        ("thinking", "Nothing to do."),
+        ("text", "Done."),
+    ]
+    (exchange,) = upstream.exchanges
+    assert exchange.path == "/v1/chat/completions"
+    assert exchange.body["messages"][0] == {"role": "system", "content": "You are a coding agent."}
+    assert "metadata" not in exchange.body and "thinking" not in exchange.body
+    (call,) = t.calls
+    prompt, sampled, _ = served(exchange.answered, True)
+    assert call.trainable and call.prompt_token_ids is not None
+    assert call.prompt_token_ids.tolist() == prompt
+    assert call.choices[0].token_ids is not None and call.choices[0].token_ids.tolist() == sampled
