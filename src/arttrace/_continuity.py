@@ -1,0 +1,395 @@
+"""Token continuity: whether each turn's prompt token ids extend the previous turn's prompt
+and sampled ids, and how many sequences ART will train a run as.
+
+ART 0.5.23 trains arttrace's runs (``messages_and_choices`` whose trainable turns are
+``Choice`` objects carrying vLLM's ``prompt_token_ids`` and ``token_ids``) with
+``art.preprocessing.tokenize.assemble_vllm_training_sequences``. It walks the trainable
+Choices of the main history, then of each additional history, keeping one running sequence: a
+Choice whose ``prompt_token_ids`` start with the running sequence appends the rest of its
+prompt (masked) and its sampled ids (trained); any other Choice closes the sequence and starts
+a new one from its whole prompt. It never renders text: the plain messages between Choices
+are ignored. So a break does not make ART train on text the model never sampled; it makes
+ART train the run as several sequences, each later one starting with the server's re-rendering
+of the earlier turns as (untrained) prompt, and costs the compute of that repeated prefix.
+:func:`continuity` replays exactly that walk on the captured records (``tests/
+test_continuity.py`` holds its count equal to ART's own function).
+
+A break inside a conversation is classified where the prompt first differs from the previous
+prompt and sampled ids: inside an earlier assistant turn, the turn was re-rendered; when its
+text is the same (decoded with the model's tokenizer, if one is given or found offline) the
+server re-tokenised it (``retokenized``), else the chat template changed it (``template``:
+reasoning dropped, tool calls re-serialised). Without a tokenizer the ids decide when they
+can (ids removed or added outright change the text) and the sampled message otherwise (a turn
+with reasoning or tool calls is ``template``, plain text ``retokenized``). A difference
+before every known assistant turn is ``other`` (a changed system prompt, a trimmed or
+summarised history). Policy turns ART does not train (most often: the server sent no token
+ids) are not checked; they are counted as ``unknown``.
+
+The check runs when a run is converted to ART (:meth:`Trajectory.to_art`), never on the
+capture path; ``bench/bench_continuity.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .capture._conversations import Conversation, Turn
+
+if TYPE_CHECKING:
+    import art
+
+    from .capture._trajectory import Trajectory
+
+Cause = Literal["template", "retokenized", "other"]
+CAUSES: tuple[Cause, ...] = ("template", "retokenized", "other")
+WARN_RATE = 0.05
+"""A step whose break rate (breaks / turn boundaries checked) is above this warns."""
+DOCS = "docs/continuity.md"
+Decode = Callable[[Sequence[int]], str]
+"""Token ids to text, special tokens kept."""
+
+METADATA_KEYS = (
+    "continuity_boundaries",
+    "continuity_breaks",
+    "continuity_breaks_template",
+    "continuity_breaks_retokenized",
+    "continuity_breaks_other",
+    "continuity_unknown_turns",
+    "continuity_conversations",
+    "art_sequences",
+)
+"""The keys :meth:`RunContinuity.metadata` adds to a run's ART metadata (all ints)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Break:
+    """One turn whose prompt does not extend the previous turn's prompt and sampled ids."""
+
+    conversation: int
+    """The run's conversation it is in (0: the main one, as in ``to_art()``)."""
+    turn: int
+    """The checked turn whose prompt broke (0-based among the conversation's trained turns;
+    never 0 itself: the first turn has nothing to extend)."""
+    position: int
+    """The first token position where its prompt differs from the previous prompt and
+    sampled ids."""
+    cause: Cause
+    decided_by: Literal["text", "ids"]
+    """``text``: the decoded texts were compared; ``ids``: the ids (and the sampled message)
+    decided, no tokenizer being at hand."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunContinuity:
+    """Token continuity of one run: boundaries checked, breaks, and ART's sequences."""
+
+    boundaries: int
+    """Pairs of consecutive trained turns of one conversation that were checked."""
+    breaks: tuple[Break, ...]
+    unknown_turns: int
+    """Policy turns ART will not train (most often: no token ids), not checked."""
+    conversations: int
+    """Conversations with a trained turn: the fewest sequences ART could train the run as."""
+    sequences: int
+    """Sequences ART will train the run as (0: nothing to train)."""
+
+    @property
+    def break_rate(self) -> float:
+        """Breaks per boundary checked (0.0 when there was none to check)."""
+        return len(self.breaks) / self.boundaries if self.boundaries else 0.0
+
+    def counts(self) -> dict[Cause, int]:
+        """Breaks by cause, every cause present."""
+        found = Counter(b.cause for b in self.breaks)
+        return {cause: found[cause] for cause in CAUSES}
+
+    def metadata(self) -> dict[str, int]:
+        """What ``to_art()`` adds to the run's metadata (ART accepts scalars only)."""
+        counts = self.counts()
+        return {
+            "continuity_boundaries": self.boundaries,
+            "continuity_breaks": len(self.breaks),
+            "continuity_breaks_template": counts["template"],
+            "continuity_breaks_retokenized": counts["retokenized"],
+            "continuity_breaks_other": counts["other"],
+            "continuity_unknown_turns": self.unknown_turns,
+            "continuity_conversations": self.conversations,
+            "art_sequences": self.sequences,
+        }
+
+
+def run_continuity(trajectory: Trajectory, tokenizer: Any = None) -> RunContinuity:
+    """Token continuity of ``trajectory`` (an :class:`arttrace.Trajectory`), as ``to_art()``
+    reports it. ``tokenizer``: the model's (anything with ``decode(ids)``, or a function of
+    the ids); else one is looked for offline when a break needs it."""
+    return continuity(trajectory.conversations(), tokenizer)
+
+
+def continuity(conversations: Sequence[Conversation], tokenizer: Any = None) -> RunContinuity:
+    """:func:`run_continuity` of a run's conversations, main one first (as ``to_art()``
+    orders them)."""
+    decode = _as_decode(tokenizer)
+    boundaries = unknown = sequences = used = 0
+    breaks: list[Break] = []
+    before: Turn | None = None  # the turn trained before, in ART's order (across histories)
+    for c, conversation in enumerate(conversations):
+        previous: Turn | None = None
+        spans: list[_Span] = []
+        checked = 0
+        for item in conversation.items:
+            if not isinstance(item, Turn) or item.context_only:
+                continue
+            if not item.trainable:
+                unknown += item.call.trainable
+                continue
+            prompt, sampled = item.call.prompt_token_ids, item.choice.token_ids
+            assert prompt is not None and sampled is not None  # a trained turn has both
+            extends = before is not None and _extends(prompt, before)
+            sequences += not extends
+            if previous is None:
+                used += 1
+            else:
+                boundaries += 1
+                if not extends:
+                    found = _explain(previous, prompt, spans, decode)
+                    breaks.append(Break(c, checked, found[0], found[1], found[2]))
+                    spans = [s for s in spans if s.end <= found[0]]
+            spans.append(_Span(len(prompt), len(prompt) + len(sampled), item))
+            previous = before = item
+            checked += 1
+    return RunContinuity(boundaries, tuple(breaks), unknown, used, sequences)
+
+
+def step_continuity(runs: Iterable[Any]) -> dict[str, float]:
+    """A step's continuity metrics over ``runs``: ART trajectories (``to_art()``'s, read from
+    their metadata), ART groups (their trajectories; ``art_sequences`` then leaves out the
+    runs ART skips, those whose advantage is 0), arttrace trajectories or
+    :class:`RunContinuity`."""
+    totals = dict.fromkeys(METADATA_KEYS, 0)
+    for run in runs:
+        for key, value in _run_metadata(run):
+            totals[key] += value
+    boundaries, breaks = totals["continuity_boundaries"], totals["continuity_breaks"]
+    return {
+        "continuity_break_rate": breaks / boundaries if boundaries else 0.0,
+        **{k: float(v) for k, v in totals.items()},
+    }
+
+
+def _run_metadata(run: Any) -> Iterable[tuple[str, int]]:
+    """``(key, value)`` pairs of a run's continuity, for :func:`step_continuity`."""
+    import art
+
+    if isinstance(run, RunContinuity):
+        return run.metadata().items()
+    if isinstance(run, art.TrajectoryGroup):
+        return _group_metadata(run)
+    if isinstance(run, art.Trajectory):
+        metadata = run.metadata
+        return ((k, v) for k in METADATA_KEYS if isinstance(v := metadata.get(k), int))
+    return run_continuity(run).metadata().items()
+
+
+def _group_metadata(group: art.TrajectoryGroup) -> Iterable[tuple[str, int]]:
+    """A group's runs' continuity, ``art_sequences`` counted as ART's tokenizer does: a run
+    whose advantage is 0 (its reward is the group's mean, or all rewards are equal) is not
+    trained (``drop_zero_advantage_trajectories``, on by default)."""
+    from art.utils.grpo import rewards_have_zero_variance
+
+    runs = group.trajectories
+    rewards = [t.reward for t in runs]
+    flat = rewards_have_zero_variance(rewards)
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    for t in runs:
+        for key, value in _run_metadata(t):
+            if key == "art_sequences" and (flat or t.reward - mean == 0):
+                continue
+            yield key, value
+
+
+def warn_continuity(step: int, metrics: Mapping[str, float], threshold: float = WARN_RATE) -> bool:
+    """Warn (:class:`~arttrace.TokenContinuityWarning`, once: call it once per step) when the
+    step's break rate is above ``threshold``, with the most common cause and its fix. Returns
+    whether it warned."""
+    from .capture._warnings import TokenContinuityWarning, warn_every_time
+
+    rate = metrics.get("continuity_break_rate", 0.0)
+    if not rate > threshold:
+        return False
+    breaks = int(metrics["continuity_breaks"])
+    counts = {c: int(metrics.get(f"continuity_breaks_{c}", 0)) for c in CAUSES}
+    cause = max(CAUSES, key=lambda c: counts[c])
+    unknown = int(metrics.get("continuity_unknown_turns", 0))
+    unchecked = (
+        f" {unknown} policy turns were not checked (no token ids, or otherwise not "
+        "trainable): ask the server for their ids (return_token_ids)."
+        if unknown
+        else ""
+    )
+    warn_every_time(
+        f"arttrace: step {step}: {breaks} of {int(metrics['continuity_boundaries'])} turn "
+        f"boundaries ({rate:.0%}, above {threshold:.0%}) break token continuity: a turn's "
+        "prompt token ids do not extend the previous turn's prompt and sampled ids, so ART "
+        f"trains these runs as {int(metrics['art_sequences'])} sequences, not "
+        f"{int(metrics['continuity_conversations'])} (one per conversation), repeating "
+        f"their prompts. Most common cause: {cause} ({counts[cause]} of {breaks}; "
+        + ", ".join(f"{c}: {n}" for c, n in counts.items())
+        + f"). {FIXES[cause]}{unchecked} See {DOCS}.",
+        TokenContinuityWarning,
+    )
+    return True
+
+
+FIXES: dict[Cause, str] = {
+    "template": (
+        "The chat template re-rendered an earlier assistant turn otherwise than it was "
+        "sampled: serve the model with a template that keeps each assistant turn as sampled "
+        "(Qwen3 and other reasoning models: keep the reasoning of earlier turns, as ART's own "
+        "server does with preserve_thinking, and send the reasoning back with the assistant "
+        "message; tool calls: a template that writes the arguments string as sampled, and an "
+        "agent that sends it back unchanged)."
+    ),
+    "retokenized": (
+        "The server re-tokenised an earlier assistant turn's text into other ids than it "
+        "sampled: serve with a server that keeps the sampled ids of the history it renders "
+        "(ART's vLLM server does), or accept the split (each sequence trains correctly, at "
+        "the cost of its repeated prompt)."
+    ),
+    "other": (
+        "Earlier context changed between turns (a changing system prompt, a trimmed or "
+        "summarised history, an edited message): each change starts a new sequence; if it is "
+        "deliberate, nothing is wrong."
+    ),
+}
+
+
+# -- the walk's pieces -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """Where a sampled turn's ids sit in the running sequence."""
+
+    start: int
+    end: int
+    turn: Turn
+
+
+def _extends(prompt: Sequence[int], before: Turn) -> bool:
+    """ART's test: ``prompt`` starts with the previous turn's prompt and sampled ids."""
+    head, sampled = before.call.prompt_token_ids, before.choice.token_ids
+    assert head is not None and sampled is not None
+    n, m = len(head), len(sampled)
+    return len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == sampled
+
+
+def _explain(
+    previous: Turn, prompt: Sequence[int], spans: list[_Span], decode: Decode | None
+) -> tuple[int, Cause, Literal["text", "ids"]]:
+    """Where ``prompt`` leaves the previous turn's prompt and sampled ids, and why."""
+    head, sampled = previous.call.prompt_token_ids, previous.choice.token_ids
+    assert head is not None and sampled is not None
+    expected = [*head, *sampled]
+    at = _common_prefix(expected, prompt)
+    span = next((s for s in reversed(spans) if s.start <= at <= s.end), None)
+    if span is None:
+        return at, "other", "ids"
+    if at == span.end:  # the turn is intact; what the template writes after it changed
+        return at, "template", "ids"
+    ours = expected[span.start : span.end]
+    try:  # the re-rendered turn: up to the first of our last id (the end token) from `at` on
+        end = list(prompt).index(ours[-1], at)
+    except ValueError:
+        return at, "other", "ids"
+    theirs = list(prompt[span.start : end + 1])
+    front = _common_prefix(ours, theirs)
+    back = _common_prefix(ours[front:][::-1], theirs[front:][::-1])
+    if front + back in (len(ours), len(theirs)):  # ids only removed or only added
+        return at, "template", "ids"
+    decode = decode or _offline_decode(span.turn)
+    if decode is not None:
+        try:
+            same = decode(ours) == decode(theirs)
+        except Exception:  # a tokenizer that cannot decode these ids: the ids decide
+            pass
+        else:
+            return at, "retokenized" if same else "template", "text"
+    message = span.turn.choice.message
+    shaped = message.get("tool_calls") or _reasoning(message)
+    return at, "template" if shaped else "retokenized", "ids"
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix, by bisection on slice comparisons (each one a C loop)."""
+    a, b = list(a), list(b)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _reasoning(message: Mapping[str, Any]) -> bool:
+    content = message.get("content")
+    return bool(
+        message.get("reasoning")
+        or message.get("reasoning_content")
+        or (isinstance(content, str) and "</think>" in content)
+    )
+
+
+# -- tokenizers --------------------------------------------------------------------------------
+
+
+def _as_decode(tokenizer: Any) -> Decode | None:
+    """``tokenizer`` as a function of ids: a Hugging Face or ``tokenizers`` tokenizer, the
+    viewer's ``Decoder``, or already a function."""
+    if tokenizer is None:
+        return None
+    inner = getattr(tokenizer, "tokenizer", None)  # the viewer's Decoder wraps one
+    if inner is not None and hasattr(inner, "decode"):
+        tokenizer = inner
+    if hasattr(tokenizer, "decode"):
+        method = tokenizer.decode
+        return lambda ids: str(method(list(ids), skip_special_tokens=False))
+    if callable(tokenizer):
+        return tokenizer  # type: ignore[no-any-return]
+    raise TypeError(
+        f"tokenizer must have a decode(ids) method or be a function of ids, got "
+        f"{type(tokenizer).__name__}"
+    )
+
+
+def _offline_decode(turn: Turn) -> Decode | None:
+    """The tokenizer of the turn's model, if this machine holds it (a local folder, or the
+    Hugging Face cache; never downloaded): the viewer's lookup."""
+    call = turn.call
+    for name in dict.fromkeys(n for n in (call.response_model, call.model) if n):
+        decode = _decoder_named(name)
+        if decode is not None:
+            return decode
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _decoder_named(name: str) -> Decode | None:
+    """Loaded once per model name and process (a tokenizer takes a second or so to load)."""
+    try:
+        from pathlib import Path
+
+        from .viewer import _tokens
+
+        path = Path(name).expanduser()
+        folder = path if path.is_dir() else _tokens.cached_folder(name)
+        if folder is None:
+            return None
+        return _as_decode(_tokens.load(_tokens.Found(str(folder), name, "continuity")))
+    except Exception:  # no tokenizer here: the ids decide
+        return None

@@ -1,0 +1,628 @@
+"""Token continuity on real chat templates: Qwen2.5's and Qwen3's, rendered by transformers
+from tokenizers built offline. Each run is a conversation whose prompts are the template's
+renderings and whose sampled ids are what the model sampled (the template's rendering of the
+turn, or ids made to differ on purpose); the sequence count is held equal to ART's own
+``tokenize_trajectory_groups`` on ``to_art()``'s output."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import art
+import openai
+import pytest
+from art.preprocessing.tokenize import tokenize_trajectory_groups
+from tokenizers import AddedToken
+
+import arttrace as at
+from arttrace import _continuity
+from arttrace._continuity import RunContinuity, run_continuity, step_continuity, warn_continuity
+from arttrace.capture import _warnings
+from arttrace.capture._records import ChoiceRecord, LLMCall
+from arttrace.testing import HFChatTokenizer, LLMServer, Reply, ScriptedLLM
+from qwen import qwen_tokenizer
+
+# Qwen/Qwen3-8B's tokenizer_config.json "chat_template" (the Qwen3 family shares it): an
+# assistant turn before the last user query is rendered without its reasoning.
+QWEN3_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""  # noqa: E501
+QWEN3_TOKENS = ("<tool_response>", "</tool_response>", "<think>", "</think>")  # 151665-151668
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def qwen2() -> Any:
+    return qwen_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen2: Any) -> Any:
+    """Qwen3's tokenizer: Qwen2.5's vocabulary and added tokens, four more, its template."""
+    tokenizer = copy.deepcopy(qwen2)
+    for content in QWEN3_TOKENS:
+        tokenizer.add_tokens([AddedToken(content, special=False, normalized=False)])
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    assert tokenizer.convert_tokens_to_ids(list(QWEN3_TOKENS)) == [151665, 151666, 151667, 151668]
+    return tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings() -> Iterator[None]:
+    _warnings.reset()
+    yield
+    _warnings.reset()
+
+
+# -- building runs as a vLLM server renders and samples them ----------------------------------
+
+
+def for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as vLLM hands it to the template: tool-call arguments parsed from JSON."""
+    out = dict(message)
+    if message.get("tool_calls"):
+        out["tool_calls"] = [
+            {
+                **tc,
+                "function": {
+                    **tc["function"],
+                    "arguments": json.loads(tc["function"]["arguments"]),
+                },
+            }
+            for tc in message["tool_calls"]
+        ]
+    return out
+
+
+def render(
+    tokenizer: Any, messages: list[dict[str, Any]], generation: bool, tools: Any
+) -> list[int]:
+    out = tokenizer.apply_chat_template(
+        [for_template(m) for m in messages],
+        tools=tools,
+        add_generation_prompt=generation,
+        tokenize=True,
+    )
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return [int(i) for i in ids]
+
+
+class Run:
+    """One run's calls: each turn's prompt is the template's rendering of the messages so far."""
+
+    def __init__(self, tokenizer: Any, tools: Any = None) -> None:
+        self.tokenizer, self.tools = tokenizer, tools
+        self.calls: list[LLMCall] = []
+
+    def turn(
+        self,
+        messages: list[dict[str, Any]],
+        reply: dict[str, Any],
+        *,
+        sampled: list[int] | None = None,
+        ids: bool = True,
+        model: str = "policy",
+    ) -> dict[str, Any]:
+        """Record a call on ``messages`` answered by ``reply``; ``sampled``: the ids the model
+        sampled (default: the template's rendering of ``reply`` as the last turn). Returns the
+        message the agent gets back (the reasoning split off, as vLLM's parser does)."""
+        prompt = render(self.tokenizer, messages, True, self.tools)
+        if sampled is None:
+            whole = render(self.tokenizer, [*messages, reply], False, self.tools)
+            assert whole[: len(prompt)] == prompt
+            end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            rest = whole[len(prompt) :]
+            sampled = rest[: rest.index(end) + 1]
+        message = {k: v for k, v in reply.items() if k != "reasoning_content"}
+        if "reasoning_content" in reply:
+            message["reasoning"] = reply["reasoning_content"]
+        choice = ChoiceRecord(
+            0,
+            message,
+            "tool_calls" if reply.get("tool_calls") else "stop",
+            logprobs=array("d", [-0.5] * len(sampled)) if ids else None,
+            token_ids=array("q", sampled) if ids else None,
+        )
+        self.calls.append(
+            LLMCall(
+                model,
+                [dict(m) for m in messages],
+                self.tools,
+                choices=[choice],
+                prompt_token_ids=array("q", prompt) if ids else None,
+                trainable=True,
+            )
+        )
+        return message
+
+    def trajectory(self, reward: float = 1.0, name: str = "r") -> at.Trajectory:
+        t = at.Trajectory(name)
+        t.call_log.records = list(self.calls)
+        t.reward = reward
+        return t
+
+
+def art_sequences(tokenizer: Any, *runs: at.Trajectory) -> list[int]:
+    """How many sequences ART's own tokenizer trains each run as (each paired with a copy that
+    differs in reward, so that no run has an advantage of 0)."""
+    counts = []
+    for run in runs:
+        ours, other = run.to_art(), run.to_art()
+        other.reward = ours.reward - 1.0
+        results = tokenize_trajectory_groups(
+            tokenizer,
+            [art.TrajectoryGroup([ours, other])],
+            allow_training_without_logprobs=False,
+            scale_rewards=True,
+        )
+        counts.append(sum(1 for r in results if r.trajectory is ours))
+    return counts
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(content: str | None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, **extra}
+
+
+def tool_call(arguments: str) -> dict[str, Any]:
+    return {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": arguments}}
+
+
+# -- runs without a break ----------------------------------------------------------------------
+
+
+def test_a_qwen2_tool_run_extends_its_ids_and_trains_as_one_sequence(qwen2: Any) -> None:
+    run = Run(qwen2, TOOLS)
+    history = [{"role": "system", "content": "You add."}, user("What is 2+3?")]
+    history.append(run.turn(history, assistant(None, tool_calls=[tool_call('{"a": 2, "b": 3}')])))
+    history.append({"role": "tool", "tool_call_id": "call_1", "content": "5"})
+    history.append(run.turn(history, assistant("It is 5.")))
+    history.append(user("And 5+5?"))
+    run.turn(history, assistant("It is 10."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert (found.boundaries, found.breaks, found.unknown_turns) == (2, (), 0)
+    assert found.break_rate == 0.0 and found.sequences == 1 == found.conversations
+    assert art_sequences(qwen2, t) == [1]
+    metadata = t.to_art().metadata
+    assert metadata["continuity_breaks"] == 0 and metadata["art_sequences"] == 1
+    assert metadata["continuity_boundaries"] == 2 and metadata["example_id"] == "r"
+
+
+def test_a_qwen3_tool_run_that_sends_its_reasoning_back_has_no_break(qwen3: Any) -> None:
+    """Qwen3 keeps the reasoning of assistant turns after the last user query when the agent
+    sends it back (``reasoning_content``)."""
+    run = Run(qwen3, TOOLS)
+    history = [user("What is 2+3?")]
+    reply = assistant(
+        "", reasoning_content="I add them.", tool_calls=[tool_call('{"a": 2, "b": 3}')]
+    )
+    run.turn(history, reply)
+    history += [reply, {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    run.turn(history, assistant("It is 5.", reasoning_content="The tool said 5."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert qwen3.decode(t.calls[0].choices[0].token_ids).startswith("<think>\nI add them.")
+    assert (found.boundaries, found.breaks, found.sequences) == (1, (), 1)
+    assert art_sequences(qwen3, t) == [1]
+
+
+# -- breaks made on purpose ----------------------------------------------------------------------
+
+
+def test_qwen3_dropping_earlier_reasoning_is_a_template_break(qwen3: Any) -> None:
+    """After a new user message Qwen3's template renders the earlier turn without its
+    ``<think>`` block: the prompt no longer holds the ids the model sampled."""
+    run = Run(qwen3)
+    history = [user("What is 2+3?")]
+    history.append(run.turn(history, assistant("It is 5.", reasoning_content="2 and 3 make 5.")))
+    history.append(user("And 5+5?"))
+    run.turn(history, assistant("It is 10.", reasoning_content="5 and 5 make 10."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    (brk,) = found.breaks
+    assert (brk.cause, brk.decided_by, brk.conversation, brk.turn) == ("template", "ids", 0, 1)
+    first = t.calls[0]
+    assert first.prompt_token_ids is not None and brk.position == len(first.prompt_token_ids)
+    assert found.break_rate == 1.0 and found.counts() == {
+        "template": 1,
+        "retokenized": 0,
+        "other": 0,
+    }
+    assert found.sequences == 2 and art_sequences(qwen3, t) == [2]
+    # Ids removed outright change the text: no tokenizer is needed to know it.
+    (with_tokenizer,) = run_continuity(t, tokenizer=qwen3).breaks
+    assert (with_tokenizer.cause, with_tokenizer.decided_by) == ("template", "ids")
+    assert "<think>" in qwen3.decode(t.calls[0].choices[0].token_ids)
+
+
+def test_an_agent_that_drops_the_reasoning_breaks_a_qwen3_tool_run(qwen3: Any) -> None:
+    run = Run(qwen3, TOOLS)
+    history = [user("What is 2+3?")]
+    got = run.turn(
+        history,
+        assistant("", reasoning_content="I add.", tool_calls=[tool_call('{"a": 2, "b": 3}')]),
+    )
+    assert got["reasoning"] == "I add."  # what vLLM's reasoning parser returns, the agent drops
+    dropped = {k: v for k, v in got.items() if k != "reasoning"}
+    history += [dropped, {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    run.turn(history, assistant("It is 5."))
+    t = run.trajectory()
+    ((cause, by),) = [(b.cause, b.decided_by) for b in run_continuity(t).breaks]
+    assert (cause, by) == ("template", "ids")
+    assert run_continuity(t).sequences == 2 == art_sequences(qwen3, t)[0]
+
+
+def test_a_re_serialised_tool_call_is_a_template_break(qwen2: Any) -> None:
+    """The model wrote compact JSON; Qwen2.5's template writes the arguments back with
+    ``tojson`` (spaces after ``:`` and ``,``)."""
+    run = Run(qwen2, TOOLS)
+    history = [user("What is 2+3?")]
+    sampled_text = (
+        '<tool_call>\n{"name": "add", "arguments": {"a":2,"b":3}}\n</tool_call><|im_end|>'
+    )
+    sampled = qwen2.encode(sampled_text, add_special_tokens=False)
+    history.append(
+        run.turn(history, assistant(None, tool_calls=[tool_call('{"a":2,"b":3}')]), sampled=sampled)
+    )
+    history.append({"role": "tool", "tool_call_id": "call_1", "content": "5"})
+    run.turn(history, assistant("It is 5."))
+    t = run.trajectory()
+    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("template", "ids")]
+    assert [(b.cause, b.decided_by) for b in run_continuity(t, qwen2).breaks] == [
+        ("template", "text")
+    ]
+    assert run_continuity(t).sequences == 2 == art_sequences(qwen2, t)[0]
+
+
+def test_sampled_text_retokenised_to_other_ids_is_a_retokenized_break(qwen2: Any) -> None:
+    """The model sampled "Hello" as "Hel" + "lo"; the server re-tokenises the same text as one
+    token when it renders the history."""
+    run = Run(qwen2)
+    history = [user("Greet me.")]
+    encode = lambda text: qwen2.encode(text, add_special_tokens=False)  # noqa: E731
+    sampled = [
+        *encode("Hel"),
+        *encode("lo"),
+        *encode(" world"),
+        qwen2.convert_tokens_to_ids("<|im_end|>"),
+    ]
+    assert encode("Hello world") == [9707, 1879] and len(sampled) == 4
+    history.append(run.turn(history, assistant("Hello world"), sampled=sampled))
+    history.append(user("Again."))
+    run.turn(history, assistant("Hello world"))
+    t = run.trajectory()
+    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("retokenized", "ids")]
+    assert [(b.cause, b.decided_by) for b in run_continuity(t, qwen2).breaks] == [
+        ("retokenized", "text")
+    ]
+    assert run_continuity(t).sequences == 2 == art_sequences(qwen2, t)[0]
+
+
+def test_a_changed_earlier_message_is_an_other_break(qwen2: Any) -> None:
+    """The agent sends the first question back without its trailing newline: the same
+    conversation to arttrace (whitespace aside), other ids before any assistant turn."""
+    run = Run(qwen2)
+    history = [user("What is 2+3?\n")]
+    answer = run.turn(history, assistant("5"))
+    history = [user("What is 2+3?"), answer, user("And 5+5?")]
+    run.turn(history, assistant("10"))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert len(t.conversations()) == 1 and found.boundaries == 1
+    ((cause, position),) = [(b.cause, b.position) for b in found.breaks]
+    first = t.calls[0].prompt_token_ids
+    assert cause == "other" and first is not None and position < len(first)
+    assert found.sequences == 2 == art_sequences(qwen2, t)[0]
+
+
+def test_sub_agents_are_their_own_conversations_and_turns_without_ids_are_unknown(
+    qwen2: Any,
+) -> None:
+    run = Run(qwen2)
+    main = [{"role": "system", "content": "You plan."}, user("Plan a trip.")]
+    main.append(run.turn(main, assistant("Step 1: pack.")))
+    helper = [{"role": "system", "content": "You summarise."}, user("Summarise: pack.")]
+    helper.append(run.turn(helper, assistant("Pack.")))
+    main.append(user("Next?"))
+    main.append(run.turn(main, assistant("Step 2: go."), ids=False))  # the server sent no ids
+    main.append(user("Then?"))
+    run.turn(main, assistant("Step 3: rest."))
+    helper.append(user("Shorter."))
+    run.turn(helper, assistant("Go."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    # main: turns 1 and 3 checked (turn 2 unknown), helper: its two turns; no break anywhere.
+    assert (found.boundaries, len(found.breaks), found.unknown_turns) == (2, 0, 1)
+    assert found.conversations == 2 and found.sequences == 2
+    assert art_sequences(qwen2, t) == [2]
+
+
+# -- a step -------------------------------------------------------------------------------------
+
+
+def three_runs(qwen2: Any, qwen3: Any) -> list[at.Trajectory]:
+    """No break (reward 1), a template break (0), a retokenized break (0.5: the group's mean,
+    so ART trains it not at all)."""
+    clean = Run(qwen2)
+    history = [user("Hi.")]
+    history += [clean.turn(history, assistant("Hello.")), user("Bye.")]
+    clean.turn(history, assistant("Bye."))
+    thinking = Run(qwen3)
+    history = [user("Hi.")]
+    history += [
+        thinking.turn(history, assistant("Hello.", reasoning_content="Greet.")),
+        user("Bye."),
+    ]
+    thinking.turn(history, assistant("Bye."))
+    split = Run(qwen2)
+    history = [user("Hi.")]
+    ids = [
+        *qwen2.encode("Hel", add_special_tokens=False),
+        *qwen2.encode("lo.", add_special_tokens=False),
+    ]
+    history += [split.turn(history, assistant("Hello."), sampled=[*ids, 151645]), user("Bye.")]
+    split.turn(history, assistant("Bye."))
+    return [
+        clean.trajectory(1.0, "clean"),
+        thinking.trajectory(0.0, "thinking"),
+        split.trajectory(0.5, "split"),
+    ]
+
+
+def test_step_metrics_sum_the_runs_and_count_sequences_as_art_does(qwen2: Any, qwen3: Any) -> None:
+    runs = three_runs(qwen2, qwen3)
+    group = art.TrajectoryGroup([t.to_art() for t in runs])
+    metrics = step_continuity([group])
+    assert metrics == {
+        "continuity_break_rate": 2 / 3,
+        "continuity_boundaries": 3,
+        "continuity_breaks": 2,
+        "continuity_breaks_template": 1,
+        "continuity_breaks_retokenized": 1,
+        "continuity_breaks_other": 0,
+        "continuity_unknown_turns": 0,
+        "continuity_conversations": 3,
+        "art_sequences": 3,  # clean 1 + thinking 2; split's advantage is 0
+    }
+    trained = list(
+        tokenize_trajectory_groups(
+            qwen2, [group], allow_training_without_logprobs=False, scale_rewards=True
+        )
+    )
+    assert len(trained) == metrics["art_sequences"]
+    # Runs given one by one (not as a group) count every run's sequences.
+    loose = step_continuity([*group.trajectories])
+    assert loose["art_sequences"] == 5 and loose["continuity_breaks"] == 2
+    assert step_continuity(runs) == loose == step_continuity([run_continuity(t) for t in runs])
+    assert step_continuity([])["continuity_break_rate"] == 0.0
+
+
+def test_a_step_above_the_threshold_warns_once_with_cause_and_fix(qwen2: Any, qwen3: Any) -> None:
+    runs = three_runs(qwen2, qwen3)[:2]
+    metrics = step_continuity(runs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warn_continuity(4, metrics) is True
+        assert warn_continuity(4, metrics, threshold=0.6) is False  # 1 of 2 is 50 %
+    (warning,) = caught
+    assert warning.category is at.TokenContinuityWarning
+    message = str(warning.message)
+    assert "step 4: 1 of 2 turn boundaries (50%, above 5%)" in message
+    assert "as 3 sequences, not 2" in message
+    assert "Most common cause: template (1 of 1" in message
+    assert "keep the reasoning of earlier turns" in message  # the fix
+    assert _continuity.DOCS in message and (Path(__file__).parents[1] / _continuity.DOCS).is_file()
+    assert warning.filename == __file__  # points at the caller, not at arttrace
+
+
+def test_unchecked_turns_are_named_in_the_warning() -> None:
+    found = RunContinuity(boundaries=1, breaks=(), unknown_turns=3, conversations=1, sequences=1)
+    metrics = {**step_continuity([found]), "continuity_breaks": 1.0, "continuity_breaks_other": 1.0}
+    metrics["continuity_break_rate"] = 1.0
+    with pytest.warns(at.TokenContinuityWarning, match="3 policy turns were not checked") as got:
+        warn_continuity(0, metrics)
+    assert "return_token_ids" in str(got[0].message) and "Most common cause: other" in str(
+        got[0].message
+    )
+
+
+def test_a_check_that_fails_leaves_to_art_whole_and_says_so(
+    qwen2: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never break the host: the check failing (a bug of arttrace's) costs the run its
+    continuity metadata, logged, not its conversion."""
+    run = Run(qwen2)
+    history = [user("Hi.")]
+    history += [run.turn(history, assistant("Hello.")), user("Bye.")]
+    run.turn(history, assistant("Bye."))
+
+    def broken(*args: Any) -> RunContinuity:
+        raise RuntimeError("a bug in the check")
+
+    monkeypatch.setattr(_continuity, "continuity", broken)
+    result = run.trajectory().to_art()
+    assert result.metadata == {"example_id": "r"} and len(result.messages_and_choices) == 4
+    assert (
+        "checking a run's token continuity" in caplog.text and "a bug in the check" in caplog.text
+    )
+
+
+# -- the Trainer ---------------------------------------------------------------------------------
+
+
+class Backend:
+    def __init__(self) -> None:
+        self.shipped: list[list[art.TrajectoryGroup]] = []
+
+    async def register(self, model: Any) -> None:
+        pass
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
+        self.shipped.append(list(groups))
+        return art.TrainResult(step=len(self.shipped), metrics={"loss": 0.1})
+
+
+async def test_the_trainer_reports_continuity_and_warns_once_per_step(
+    tmp_path: Path, server: Any, qwen3: Any
+) -> None:
+    """A two-turn agent on a Qwen3 server: each run's second prompt renders the first answer
+    without the ``<think>`` block it was sampled with. (Needs the continuity lines in
+    ``training/_step.py``'s ``finish``.)"""
+    llm = ScriptedLLM(lambda request: Reply("four"), tokenizer=HFChatTokenizer(qwen3))
+    served: LLMServer = server(llm)
+    client = openai.AsyncOpenAI(base_url=served.base_url, api_key="k", max_retries=0)
+    seen: dict[str, int] = {}
+
+    @at.trainable
+    async def ask(messages: list[Any]) -> str:
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        return reply.choices[0].message.content or ""
+
+    async def rollout(example: dict[str, str]) -> float:
+        messages: list[Any] = [user(example["q"])]
+        messages += [assistant(await ask(messages)), user("Are you sure?")]
+        await ask(messages)
+        seen[example["id"]] = seen.get(example["id"], 0) + 1
+        return float(seen[example["id"]] % 2)  # each group's two runs differ
+
+    model = art.TrainableModel(
+        name="m", project="p", base_model="Qwen/Qwen3-0.6B", run_name="r",
+        base_path=str(tmp_path / ".art"),
+    )  # fmt: skip
+    backend = Backend()
+    trainer = at.Trainer(
+        model,
+        backend,
+        rollout,
+        [{"id": f"ex-{i}", "q": f"What is {i}+{i}?"} for i in range(2)],
+        group_size=2,
+        groups_per_step=2,
+        output_dir=tmp_path / "out",
+        progress=False,
+        log_to_model=False,
+    )
+    at.instrument()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = await trainer.step()
+    finally:
+        at.uninstrument()
+    shipped = [t for g in backend.shipped[0] for t in g.trajectories]
+    assert len(shipped) == 4 and all(t.metadata["continuity_breaks_template"] == 1 for t in shipped)
+    assert result.metrics["continuity_boundaries"] == 4
+    assert result.metrics["continuity_breaks_template"] == 4
+    assert result.metrics["continuity_break_rate"] == 1.0
+    assert result.metrics["art_sequences"] == 8
+    (warning,) = [w for w in caught if w.category is at.TokenContinuityWarning]
+    assert "step 0: 4 of 4 turn boundaries" in str(warning.message)
+    assert "Most common cause: template" in str(warning.message)
