@@ -172,6 +172,12 @@ def warn_nothing_to_train(example_id: str, cause: str, *, gateway: bool = False)
     )
 
 
+class TokenContinuityWarning(UserWarning):
+    """Too many of a step's turns have prompt token ids that do not extend the previous turn's
+    prompt and sampled ids, so ART trains those runs as several sequences each. Given once per
+    step by the Trainer, with the most common cause and its fix (``docs/continuity.md``)."""
+
+
 class RunOutlivedWarning(UserWarning):
     """Work a run handed to another thread called the model after the run ended: the call
     belongs to no run. Its cause says whether the thread outlived the run or serves other runs
