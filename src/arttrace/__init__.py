@@ -29,7 +29,12 @@ from .capture._records import ChoiceRecord, LLMCall
 from .capture._threads import carry
 from .capture._trainable import trainable
 from .capture._trajectory import Trajectory, current_trajectory, trajectory
-from .capture._warnings import NothingToTrainWarning, RunOutlivedWarning, UntrainableTurnWarning
+from .capture._warnings import (
+    NothingToTrainWarning,
+    RunOutlivedWarning,
+    TokenContinuityWarning,
+    UntrainableTurnWarning,
+)
 from .executors import Executor, InProcessExecutor
 
 if TYPE_CHECKING:
@@ -100,6 +105,7 @@ __all__ = [
     "RunOutlivedWarning",
     "Settings",
     "StepResult",
+    "TokenContinuityWarning",
     "Trainer",
     "TrainingError",
     "Trajectory",
