@@ -173,15 +173,21 @@ class Trajectory:
 
     def to_art(self) -> art.Trajectory:
         """This run as an ``art.Trajectory``: the main conversation in ``messages_and_choices``,
-        the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``."""
+        the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``. Its
+        metadata adds the run's token continuity (``continuity_*`` and ``art_sequences``, the
+        sequences ART will train it as; ``docs/continuity.md``)."""
         if self._reward is None:
             raise ConfigurationError(
                 f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
                 "(or `arttrace.current_trajectory().reward = ...`) before converting it"
             )
         from .._art import history, messages_and_choices  # ART loads on first use
+        from .._continuity import continuity
 
         main, *others = self.conversations() or [Conversation()]
+        checked: dict[str, int] = {}
+        with guarded("checking a run's token continuity"):
+            checked = continuity([main, *others]).metadata()
         logs = [] if self.exception is None else [self.exception["traceback"]]
         import art
 
@@ -191,7 +197,7 @@ class Trajectory:
             additional_histories=[history(c) for c in others],
             reward=self._reward,
             metrics=dict(self.metrics),
-            metadata={**self.metadata, "example_id": self.example_id},
+            metadata={**self.metadata, **checked, "example_id": self.example_id},
             logs=logs,
         )
 
