@@ -211,6 +211,19 @@ def _group_metadata(group: art.TrajectoryGroup) -> Iterable[tuple[str, int]]:
             yield key, value
 
 
+def check_warn_rate(value: Any) -> float:
+    """``value`` as the Trainer's ``continuity_warn_rate`` (a number from 0 to 1), or a
+    ``ConfigurationError`` saying so."""
+    from ._errors import ConfigurationError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ConfigurationError(
+            "continuity_warn_rate must be a number from 0 to 1 (the share of a step's turn "
+            f"boundaries that may break token continuity before it warns; 1: never), got {value!r}"
+        )
+    return float(value)
+
+
 def warn_continuity(step: int, metrics: Mapping[str, float], threshold: float = WARN_RATE) -> bool:
     """Warn (:class:`~arttrace.TokenContinuityWarning`, once: call it once per step) when the
     step's break rate is above ``threshold``, with the most common cause and its fix. Returns
