@@ -21,6 +21,7 @@ from typing import Any
 
 import art
 
+from .._continuity import check_warn_rate
 from .._errors import ConfigurationError
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
@@ -129,6 +130,11 @@ class Trainer[ExampleT]:
         progress: Show a progress bar of the step's runs and their mean reward, and one line
             on stderr per step and validation: rewards, groups shipped (or why none did),
             loss.
+        continuity_warn_rate: A step whose turns break token continuity more often than this
+            (breaks per turn boundary checked, from 0 to 1; ``1``: never) warns once, with
+            the most common cause and its fix (:class:`~arttrace.TokenContinuityWarning`).
+            Every step reports ``continuity_*`` and ``art_sequences`` in its metrics; see
+            docs/continuity.md.
         **train_kwargs: Passed to ``backend.train`` unchanged (``kl_penalty_coef``,
             ``loss_fn``, ...). Each name is checked when the Trainer is built, against the
             backend's ``train`` signature (or, when it takes ``**kwargs``, the keywords of
@@ -166,6 +172,7 @@ class Trainer[ExampleT]:
         train_timeout: float | None = None,
         log_to_model: bool = True,
         progress: bool = True,
+        continuity_warn_rate: float = 0.05,
         **train_kwargs: Any,
     ) -> None:
         self.config = TrainerConfig(
@@ -198,6 +205,7 @@ class Trainer[ExampleT]:
                 f"arttrace.RayExecutor(...)), got {type(executor).__name__}"
             )
         self.max_steps_off_policy = max_steps_off_policy
+        self.continuity_warn_rate = check_warn_rate(continuity_warn_rate)
         self.model, self.backend = model, backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
         check_group_reward(group_reward)
