@@ -106,6 +106,14 @@ def add_parser(subparsers: Any) -> None:
         "trains with exact tokens: 'responses', 'messages' or 'responses,messages' (default: "
         "forward them as they are; a run can choose its own in POST /runs)",
     )
+    parser.add_argument(
+        "--workers",
+        type=checked(int, _workers_problem),
+        default=1,
+        metavar="N",
+        help="processes serving the gateway (one core each; Linux and macOS): they share the "
+        "port, any of them serves any run, and worker i journals under OUT/worker-i",
+    )
     parser.set_defaults(run=run)
 
 
@@ -117,6 +125,14 @@ def _translate_problem(value: str) -> str | None:
     return None
 
 
+def _workers_problem(count: int) -> str | None:
+    if count < 1:
+        return f"must be 1 or more, got {count}"
+    if count > 1 and sys.platform == "win32":
+        return "must be 1 on Windows (workers share the port by inheriting its socket)"
+    return None
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM). A gateway that cannot start says why in
     one line, with the fix, and exits with status 2."""
@@ -124,6 +140,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     from ..gateway import Gateway
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.workers > 1:
+        return _run_workers(args)
     gateway = Gateway(
         args.upstream,
         host=args.host,
@@ -160,6 +178,57 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         gateway.stop()
     print("arttrace gateway: stopped", flush=True)
     return 0
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: the parent of N gateway processes (``gateway._workers``)."""
+    from .._errors import RunLockedError
+    from ..gateway._workers import Workers
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    workers = Workers(
+        args.workers,
+        {
+            "upstream": args.upstream,
+            "host": args.host,
+            "port": args.port,
+            "request_training_data": not args.no_training_data,
+            "out": str(args.out),
+            "timeout": args.timeout,
+            "allow_hosts": args.allow_host or [],
+            "allow_origins": args.allow_origin or [],
+            "translate": args.translate,
+        },
+    )
+    try:
+        workers.bind()
+    except RunLockedError:
+        return _failed(
+            f"{args.out} is in use by another process (a gateway or a Trainer holds its lock): "
+            "stop it, or give this gateway another --out"
+        )
+    except OSError as error:
+        return _failed(f"cannot listen on {args.host}:{args.port}: {error}{listen_fix(error)}")
+    status = 0
+    try:
+        workers.start()
+        print(
+            f"arttrace gateway: listening on {workers.base_url} with {args.workers} workers "
+            f"(POST /runs to open a run), upstream {args.upstream}, runs journaled in "
+            f"{args.out / 'worker-N' / 'journal'} by worker N",
+            flush=True,
+        )
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop
+            status = workers.supervise(stop)
+    except RuntimeError as error:
+        return _failed(str(error))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        workers.stop()
+    print("arttrace gateway: stopped", flush=True)
+    return status
 
 
 def _failed(message: str) -> int:

@@ -69,9 +69,18 @@ _UPSTREAM_FAILED = (aiohttp.ClientError, OSError, TimeoutError)
 class Upstream:
     """The policy server the gateway forwards to (an OpenAI base URL, ending in ``/v1``)."""
 
-    def __init__(self, base_url: str, timeout: float | None, api_key: str | None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float | None,
+        api_key: str | None,
+        *,
+        name: str = "the upstream",
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout, self.api_key = timeout, api_key
+        self.name = name
+        """What it is, in the error a caller gets when it cannot be reached."""
         self.server = SimpleNamespace(base_url=httpx.URL(self.base_url))
         """What a call's span says of the server (``server.address``, ``server.port``)."""
         self.session: aiohttp.ClientSession | None = None
@@ -191,7 +200,7 @@ class Relay(Response):
                 send,
                 502,
                 [(b"content-type", b"application/json")],
-                _unreachable(self.upstream.base_url, redact(repr(error))),
+                _unreachable(self.upstream, redact(repr(error))),
             )
             return
         except BaseException:  # the caller hung up before the answer came
@@ -267,10 +276,10 @@ async def _send_whole(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def _unreachable(base_url: str, why: str) -> bytes:
+def _unreachable(upstream: Upstream, why: str) -> bytes:
     import json
 
-    message = f"arttrace gateway: the upstream {base_url} could not be reached ({why})"
+    message = f"arttrace gateway: {upstream.name} {upstream.base_url} could not be reached ({why})"
     return json.dumps(
         {"error": {"message": message, "type": "upstream_unreachable", "param": None, "code": 502}}
     ).encode()
