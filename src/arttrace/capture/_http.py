@@ -1,8 +1,8 @@
 """The HTTP-client layer: the calls of clients arttrace does not wrap, read off the wire.
 
 While :func:`arttrace.instrument` is on, each HTTP client is hooked when the application
-imports it (never before): httpx (``Client.send``, ``AsyncClient.send``), aiohttp
-(``ClientSession._request``), requests (``Session.send``), the standard library's
+imports it (never before): httpx and its fork httpx2 (``Client.send``, ``AsyncClient.send``),
+aiohttp (``ClientSession._request``), requests (``Session.send``), the standard library's
 ``http.client`` (``HTTPConnection``, under ``urllib.request``) and the socket transports of
 DSPy's default engine (lm15's ``StdlibTransport``). A ``POST`` to an OpenAI-compatible path
 (``/chat/completions``, ``/responses``, ``/completions``) made where a run or a span would keep
@@ -42,6 +42,7 @@ SOURCE = "http"
 """The ``source`` of this layer's records."""
 _HOOKS = {
     "httpx": "_http_httpx",
+    "httpx2": "_http_httpx",  # httpx's fork, which the anthropic SDK sends through
     "aiohttp": "_http_aiohttp",
     "requests": "_http_requests",
     "http.client": "_http_stdlib",

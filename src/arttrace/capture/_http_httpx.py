@@ -1,5 +1,6 @@
 """httpx under the HTTP-client layer: ``Client.send`` and ``AsyncClient.send``, which every
-request of every transport passes through (LiteLLM's, its aiohttp-backed one included).
+request of every transport passes through (LiteLLM's, its aiohttp-backed one included), in
+httpx and in ``httpx2``, its fork with the same API that the ``anthropic`` SDK sends through.
 
 A whole answer is recorded from ``response.content`` once ``send`` has read it; a streamed one
 from its raw bytes as the caller reads them (``response.stream`` replaced by a tap that passes
@@ -12,7 +13,10 @@ client, recorded as one, and answered in the caller's protocol.
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import AsyncIterator, Iterator
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -25,16 +29,34 @@ from ._guard import guarded
 from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
+_LIBRARIES = ("httpx", "httpx2")
+
+
+def _libraries() -> list[ModuleType]:
+    """httpx, and httpx2 when it is imported."""
+    return [sys.modules[name] for name in _LIBRARIES if name in sys.modules]
+
+
+def _library(obj: Any, kind: str) -> Any:
+    """The library (httpx or httpx2) whose ``kind`` class ``obj`` is an instance of, or
+    ``None``."""
+    for lib in _libraries():
+        if isinstance(obj, getattr(lib, kind)):
+            return lib
+    return None
+
 
 def patch() -> None:
-    for cls, wrapper in ((httpx.Client, _send), (httpx.AsyncClient, _asend)):
-        if not ours(cls.__dict__["send"]):
-            wrapt.wrap_function_wrapper(cls, "send", wrapper)
+    for lib in _libraries():
+        for cls, wrapper in ((lib.Client, _send), (lib.AsyncClient, _asend)):
+            if not ours(cls.__dict__["send"]):
+                wrapt.wrap_function_wrapper(cls, "send", wrapper)
 
 
 def unpatch() -> None:
-    unwrap(httpx.Client, "send")
-    unwrap(httpx.AsyncClient, "send")
+    for lib in _libraries():
+        unwrap(lib.Client, "send")
+        unwrap(lib.AsyncClient, "send")
 
 
 @starting
@@ -42,22 +64,23 @@ def _open(
     instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Exchange, httpx.Request] | None:
     """The exchange of this ``send`` and the request to send, or ``None`` to pass it."""
-    request = args[0] if args else kwargs.get("request")
-    if not isinstance(request, httpx.Request):
+    request: Any = args[0] if args else kwargs.get("request")
+    lib = _library(request, "Request")
+    if lib is None:
         return None
     api = endpoint(request.method, request.url.path)
     if api is None:
         return None
     try:
         body = request.content
-    except httpx.RequestNotRead:  # a streamed upload: not an LLM call's JSON
+    except lib.RequestNotRead:  # a streamed upload: not an LLM call's JSON
         return None
     opened = open_exchange(
         api,
         body,
         request.url.host,
         request.url.port,
-        headers=[*request.headers.multi_items(), *_auth(instance, kwargs)],
+        headers=[*request.headers.multi_items(), *_auth(lib, instance, kwargs)],
         url=str(request.url),
     )
     if opened is None:
@@ -68,7 +91,7 @@ def _open(
     with guarded("rewriting an httpx request", exchange.lost):
         headers = request.headers.copy()
         sized_headers(headers, new_body)
-        return exchange, httpx.Request(
+        return exchange, lib.Request(
             request.method,
             request.url,
             headers=headers,
@@ -78,14 +101,14 @@ def _open(
     return exchange, request
 
 
-def _auth(client: Any, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+def _auth(lib: Any, client: Any, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
     """The ``Authorization`` that httpx's ``auth`` (of this ``send``, else the client's) will
     add after this hook: a ``BasicAuth``'s is known in advance."""
-    auth = kwargs.get("auth", httpx.USE_CLIENT_DEFAULT)
-    if auth is httpx.USE_CLIENT_DEFAULT:
+    auth = kwargs.get("auth", lib.USE_CLIENT_DEFAULT)
+    if auth is lib.USE_CLIENT_DEFAULT:
         auth = getattr(client, "auth", None)
     if isinstance(auth, tuple) and len(auth) == 2:
-        auth = httpx.BasicAuth(*auth)
+        auth = lib.BasicAuth(*auth)
     header = getattr(auth, "_auth_header", None)
     return [("authorization", header)] if isinstance(header, str) else []
 
@@ -104,13 +127,14 @@ def _translating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     or ``None`` to send it as it is."""
     if _context.shim_settings() is None:
         return None  # instrument() is off
-    request = args[0] if args else kwargs.get("request")
-    if not isinstance(request, httpx.Request):
+    request: Any = args[0] if args else kwargs.get("request")
+    lib = _library(request, "Request")
+    if lib is None:
         return None
     api = _inprocess.api_of(request.method, request.url.path)
     if api is None or _context.records_itself(request.url.host, request.url.port):
         return None  # not translated here, or a gateway of this process decides
-    return _inprocess.Translated.open(api, request)
+    return _inprocess.Translated.open(api, request, lib)
 
 
 def _chat(
@@ -127,7 +151,10 @@ def _chat(
             body,
             url.host,
             url.port,
-            headers=[*translated.request.headers.multi_items(), *_auth(instance, kwargs)],
+            headers=[
+                *translated.request.headers.multi_items(),
+                *_auth(translated.lib, instance, kwargs),
+            ],
             url=str(url),
         )
         if opened is not None:
@@ -141,7 +168,7 @@ def _send_translated(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, A
     translated = _translating(args, kwargs)
     if translated is None:
         return None
-    if isinstance(translated, httpx.Response):
+    if not isinstance(translated, _inprocess.Translated):  # the caller's 400
         return translated
     exchange, args, kwargs = _chat(translated, instance, args, kwargs)
     token = _context.capturing.set(True)
@@ -170,7 +197,7 @@ def _send_translated(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, A
 async def _asend_translated(
     wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any], translated: Any
 ) -> Any:
-    if isinstance(translated, httpx.Response):
+    if not isinstance(translated, _inprocess.Translated):  # the caller's 400
         return translated
     exchange, args, kwargs = _chat(translated, instance, args, kwargs)
     token = _context.capturing.set(True)
@@ -256,18 +283,28 @@ def _watch(exchange: Exchange, response: httpx.Response, streamed: bool) -> http
         exchange.answered(
             response.status_code, content_type, response.headers.get("content-encoding")
         )
-        response.stream = _tap(response.stream, exchange)
+        response.stream = _tap(_library(response, "Response") or httpx, response.stream, exchange)
     return response
 
 
-def _tap(stream: Any, exchange: Exchange) -> Any:
-    sync = isinstance(stream, httpx.SyncByteStream)
-    if isinstance(stream, httpx.AsyncByteStream):
-        return _Tap(stream, exchange) if sync else _AsyncTap(stream, exchange)
-    return _SyncTap(stream, exchange) if sync else stream
+def _tap(lib: Any, stream: Any, exchange: Exchange) -> Any:
+    sync_tap, async_tap, tap = _taps(lib)
+    sync = isinstance(stream, lib.SyncByteStream)
+    if isinstance(stream, lib.AsyncByteStream):
+        return tap(stream, exchange) if sync else async_tap(stream, exchange)
+    return sync_tap(stream, exchange) if sync else stream
 
 
-class _SyncTap(httpx.SyncByteStream):
+@functools.cache
+def _taps(lib: Any) -> tuple[type[Any], type[Any], type[Any]]:
+    """The tap classes of ``lib`` (its responses accept only its own stream classes)."""
+    sync_tap = type("_SyncTap", (_SyncTap, lib.SyncByteStream), {})
+    async_tap = type("_AsyncTap", (_AsyncTap, lib.AsyncByteStream), {})
+    both = type("_Tap", (_SyncTap, _AsyncTap, lib.SyncByteStream, lib.AsyncByteStream), {})
+    return sync_tap, async_tap, both
+
+
+class _SyncTap:
     """The response's byte stream, each piece recorded before it is passed on."""
 
     def __init__(self, stream: Any, exchange: Exchange) -> None:
@@ -283,7 +320,7 @@ class _SyncTap(httpx.SyncByteStream):
             self.exchange.closed()
 
 
-class _AsyncTap(httpx.AsyncByteStream):
+class _AsyncTap:
     """:class:`_SyncTap` for an async stream."""
 
     def __init__(self, stream: Any, exchange: Exchange) -> None:
@@ -297,7 +334,3 @@ class _AsyncTap(httpx.AsyncByteStream):
             await self.stream.aclose()
         finally:
             self.exchange.closed()
-
-
-class _Tap(_SyncTap, _AsyncTap):
-    """A stream that is both (``httpx.ByteStream``, a mock transport's)."""

@@ -15,11 +15,11 @@ call is recorded once, below, as the chat call it became.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 import wrapt
 
@@ -29,6 +29,9 @@ from ..capture._sse import EventReader
 from ._base import Translation, TranslationError
 from ._registry import apis, open_translation, refusal, upstream_message
 from ._responses import Chains
+
+if TYPE_CHECKING:
+    import httpx  # or httpx2: never imported here (instrument() imports no HTTP client)
 
 _process: frozenset[str] = frozenset()
 _chains: Chains | None = None
@@ -167,25 +170,30 @@ class Translated:
     """One translated httpx call: the chat request to send, and the agent's answer made from
     the upstream's (see the module doc)."""
 
-    def __init__(self, api: str, request: httpx.Request, translation: Translation) -> None:
+    def __init__(
+        self, api: str, request: httpx.Request, translation: Translation, lib: Any
+    ) -> None:
         self.api, self.request, self.translation = api, request, translation
+        self.lib = lib
+        """httpx, or httpx2 (its fork, which the anthropic SDK sends through)."""
 
     @staticmethod
-    def open(api: str, request: httpx.Request) -> Translated | httpx.Response:
+    def open(api: str, request: httpx.Request, lib: Any) -> Translated | httpx.Response:
         """The translation of ``request``, or the agent's 400 if it cannot be translated."""
         try:
             body = orjson.loads(request.content)
             if not isinstance(body, dict):
                 raise TranslationError("the request body is not a JSON object")
-            return Translated(api, request, open_translation(api, body, chains()))
+            return Translated(api, request, open_translation(api, body, chains()), lib)
         except (TranslationError, orjson.JSONDecodeError) as error:
             message = f"arttrace: {error}"
-            return httpx.Response(
+            response: httpx.Response = lib.Response(
                 400,
                 headers={"content-type": "application/json"},
                 content=refusal(api, 400, message),
                 request=request,
             )
+            return response
 
     def chat_request(self, body: bytes) -> httpx.Request:
         """The upstream's Chat Completions request, with ``body``, the caller's headers (an
@@ -203,9 +211,10 @@ class Translated:
                     headers["authorization"] = f"Bearer {key}"
         headers["content-length"] = str(len(body))
         headers["accept"] = "text/event-stream" if self.translation.stream else "application/json"
-        return httpx.Request(
+        chat: httpx.Request = self.lib.Request(
             "POST", url, headers=headers, content=body, extensions=request.extensions
         )
+        return chat
 
     # -- the answer ------------------------------------------------------------------------
 
@@ -227,11 +236,15 @@ class Translated:
         return self._response(200, "text/event-stream", content=b"".join(self.events([data])))
 
     def streamed(self, upstream: httpx.Response, is_async: bool) -> httpx.Response:
-        stream: Any = _AsyncStream(self, upstream) if is_async else _SyncStream(self, upstream)
+        sync_stream, async_stream = _streams(self.lib)
+        stream: Any = async_stream(self, upstream) if is_async else sync_stream(self, upstream)
         return self._response(200, "text/event-stream", stream=stream)
 
     def _response(self, status: int, kind: str, **body: Any) -> httpx.Response:
-        return httpx.Response(status, headers={"content-type": kind}, request=self.request, **body)
+        response: httpx.Response = self.lib.Response(
+            status, headers={"content-type": kind}, request=self.request, **body
+        )
+        return response
 
     def events(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
         """The agent's stream for the upstream's stream ``pieces``."""
@@ -272,7 +285,16 @@ class _Stream:
         return b"" if self.failed else self.t.end()
 
 
-class _SyncStream(httpx.SyncByteStream):
+@functools.cache
+def _streams(lib: Any) -> tuple[type[Any], type[Any]]:
+    """The stream classes of ``lib`` (its responses accept only its own)."""
+    return (
+        type("_SyncStream", (_SyncStream, lib.SyncByteStream), {}),
+        type("_AsyncStream", (_AsyncStream, lib.AsyncByteStream), {}),
+    )
+
+
+class _SyncStream:
     def __init__(self, translated: Translated, upstream: httpx.Response) -> None:
         self.translated, self.upstream = translated, upstream
 
@@ -283,7 +305,7 @@ class _SyncStream(httpx.SyncByteStream):
         self.upstream.close()
 
 
-class _AsyncStream(httpx.AsyncByteStream):
+class _AsyncStream:
     def __init__(self, translated: Translated, upstream: httpx.Response) -> None:
         self.translated, self.upstream = translated, upstream
 
