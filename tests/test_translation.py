@@ -8,11 +8,13 @@ trainable turn with the exact tokens the server sent."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import agents
+import anthropic
 import httpx
 import openai
 import pytest
@@ -75,14 +77,16 @@ def native() -> Iterator[LLMServer]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream: tuple[LLMServer, KeptLLM]) -> Iterator[at.Gateway]:
-    with at.Gateway(upstream[0].base_url, translate="responses") as running:
+    with at.Gateway(upstream[0].base_url, translate="responses,messages") as running:
         yield running
 
 
 Body = Callable[[str], Any]
 
 
-def in_run(mode: str, gateway: at.Gateway, server: LLMServer, body: Body) -> tuple[Any, Any]:
+def in_run(
+    mode: str, gateway: at.Gateway, server: LLMServer, body: Body, api: str = "responses"
+) -> tuple[Any, Any]:
     """``body(base_url)`` in a run, its calls translated by ``mode``: the trajectory and what
     ``body`` returned (a coroutine is run)."""
 
@@ -94,7 +98,7 @@ def in_run(mode: str, gateway: at.Gateway, server: LLMServer, body: Body) -> tup
         with at.trajectory("q") as t:
             result = call(gateway.url(t))
         return t, result
-    at.instrument(translate="responses")
+    at.instrument(translate=api)
     try:
         with at.trajectory("q") as t:
             result = at.trainable(call)(server.base_url)
@@ -341,6 +345,59 @@ def test_the_agents_sdk_default_model_trains_every_turn(mode, stream, gateway, u
     assert answer == asyncio.run(agent_run(native.base_url, stream=stream)) == "The sum is 4.0."
     trains_exactly(t, llm, 3)
     assert t.calls[-1].messages[-1]["role"] == "tool"
+
+
+# -- the anthropic SDK (Messages), in-process ------------------------------------------------
+
+
+def anthropic_loop(url: str, *, stream: bool) -> list[anthropic.types.Message]:
+    """Turns of a tool loop (two tool uses, then the sum) with the anthropic SDK at ``url``."""
+    c = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="test", max_retries=0)
+    tool = {"name": "add", "description": ADD["description"], "input_schema": ADD["parameters"]}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Add twice."}]
+    said: list[anthropic.types.Message] = []
+    while not said or said[-1].stop_reason == "tool_use":
+        params: dict[str, Any] = {"model": "policy", "max_tokens": 200, "tools": [tool]}
+        if stream:
+            with c.messages.stream(messages=messages, **params) as events:
+                for _ in events:
+                    pass
+                said.append(events.get_final_message())
+        else:
+            said.append(c.messages.create(messages=messages, **params))
+        content = [b.model_dump(exclude_none=True) for b in said[-1].content]
+        uses = [b for b in said[-1].content if b.type == "tool_use"]
+        results = [{"type": "tool_result", "tool_use_id": u.id, "content": "3"} for u in uses]
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": results},
+        ]
+    c.close()
+    return said
+
+
+def message_view(message: anthropic.types.Message) -> tuple[Any, ...]:
+    blocks = [
+        (b.type, getattr(b, "text", None), getattr(b, "input", None)) for b in message.content
+    ]
+    usage = (message.usage.input_tokens, message.usage.output_tokens)
+    return message.role, message.stop_reason, blocks, usage
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_anthropic_sdk_in_process_gets_what_the_gateway_sends_and_trains(
+    stream, gateway, upstream
+):
+    server, llm = upstream
+    loop = functools.partial(anthropic_loop, stream=stream)
+    with warnings_are_errors():
+        t, said = in_run("in-process", gateway, server, loop, api="messages")
+        trains_exactly(t, llm, 3)
+        through_gateway, expected = in_run("gateway", gateway, server, loop)
+        trains_exactly(through_gateway, llm, 3)
+    assert [message_view(m) for m in said] == [message_view(m) for m in expected]
+    assert [m.stop_reason for m in said] == ["tool_use", "tool_use", "end_turn"]
+    assert said[-1].content[0].text == "The sum is 3."  # type: ignore[union-attr]
 
 
 # -- the pieces -------------------------------------------------------------------------------
