@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +56,9 @@ class Trajectory:
         """A run the Trainer opened: a ``trajectory()`` opened inside it is this run."""
         self._joined = 0
         """How many ``with`` blocks re-entered this hosting run and have not exited."""
+        self.translate: frozenset[str] | None = None
+        """The protocols this run's calls are translated from (``trajectory(...,
+        translate=...)``; ``None``: as :func:`arttrace.instrument` says)."""
 
     # -- reward ----------------------------------------------------------------------------
 
@@ -247,7 +251,10 @@ class Trajectory:
 
 
 def trajectory(
-    example_id: str | int, metadata: dict[str, MetadataValue] | None = None
+    example_id: str | int,
+    metadata: dict[str, MetadataValue] | None = None,
+    *,
+    translate: str | Iterable[str] | None = None,
 ) -> Trajectory:
     """Scope one run of one example: ``with trajectory("q-17") as t:`` (or ``async with``).
 
@@ -258,14 +265,33 @@ def trajectory(
     Inside a run the :class:`~arttrace.Trainer` started, this is that run (its ``metadata``
     added to the run's): code written as a stand-alone script, which opens its own
     trajectory and sets ``t.reward``, works unchanged as a rollout.
+
+    ``translate``: protocols (``"responses"``, ``"messages"``) this run's calls are made in
+    through Chat Completions, so every turn trains (``docs/translation.md``); ``()``: none,
+    whatever :func:`arttrace.instrument` says; ``None``: as it says.
     """
+    chosen = _translated(translate)
     current = _context.current_trajectory_var.get()
     if current is not None and current._hosting and current._scope is not None:
         extra = dict(metadata or {})
         _check_metadata(extra)
         current.metadata.update(extra)
+        if chosen is not None:
+            current.translate = chosen
         return current
-    return Trajectory(example_id, metadata)
+    run = Trajectory(example_id, metadata)
+    run.translate = chosen
+    return run
+
+
+def _translated(value: str | Iterable[str] | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    from ..translation import _inprocess, apis
+
+    chosen = apis(value)
+    _inprocess.run_translates()
+    return chosen
 
 
 def hosting_trajectory(
