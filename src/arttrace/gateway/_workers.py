@@ -1,11 +1,11 @@
 """``arttrace gateway --workers N``: one gateway served by N processes, so it uses N cores.
 
-**Sharing the port.** The parent process binds the sockets and hands them to its workers
-(``pass_fds``): on Linux one ``SO_REUSEPORT`` socket per worker on the shared port, so the
-kernel spreads new connections evenly over the workers; elsewhere one socket they all accept
-from. Each worker also listens on a private port of its own (same host). The parent keeps
-every socket open, so a worker that is restarted takes up the same ones, and connections that
-came meanwhile wait in their backlog instead of being refused.
+**Sharing the port.** The parent process binds the sockets, then forks its workers: on Linux
+one ``SO_REUSEPORT`` socket per worker on the shared port, so the kernel spreads new
+connections evenly over the workers; elsewhere one socket they all accept from. Each worker
+also listens on a private port of its own (same host). The parent keeps every socket open, so
+a worker that is restarted takes up the same ones, and connections that came meanwhile wait in
+their backlog instead of being refused.
 
 **Any worker serves any run.** A run lives in the worker that opened it, and its id names that
 worker and the worker's generation (``w1g0.<random>``). ``POST /runs`` answers with the run's
@@ -29,19 +29,17 @@ SIGTERM stop every worker, gracefully.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +140,9 @@ def _gone(run_id: str, owner: int) -> Any:
     )
 
 
-def serve_worker(config: dict[str, Any]) -> int:
-    """A worker's life: serve the gateway on the inherited sockets until told to stop."""
+def serve_worker(config: dict[str, Any], sockets: list[socket.socket], ready: int) -> int:
+    """A worker's life (in the forked child): serve the gateway on ``sockets`` until told to
+    stop; writes a line to the pipe ``ready`` once it serves."""
     import asyncio
 
     from .._errors import ArttraceError, RunLockedError
@@ -189,7 +188,6 @@ def serve_worker(config: dict[str, Any]) -> int:
         for i, port in enumerate(config["ports"])
     ]
     app = HandOff(gateway._app, index, generation, peers)
-    sockets = [socket.socket(fileno=fd) for fd in config["fds"]]
     server = _Server(
         uvicorn.Config(
             app,
@@ -205,7 +203,7 @@ def serve_worker(config: dict[str, Any]) -> int:
         )
     )
     try:
-        asyncio.run(_serve(server, sockets), loop_factory=loop_factory())
+        asyncio.run(_serve(server, sockets, ready), loop_factory=loop_factory())
     finally:
         gateway.runs.shutdown()
     return 0 if server.started else _say(f"worker {index} did not start; see the log above", 2)
@@ -231,7 +229,7 @@ class _Server(uvicorn.Server):  # type: ignore[misc]  # uvicorn is untyped here
             signal.signal(signal.SIGINT, previous[1])
 
 
-async def _serve(server: _Server, sockets: list[socket.socket]) -> None:
+async def _serve(server: _Server, sockets: list[socket.socket], ready: int) -> None:
     import asyncio
 
     parent = os.getppid()
@@ -239,7 +237,8 @@ async def _serve(server: _Server, sockets: list[socket.socket]) -> None:
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
     if server.started:
-        print("ready", flush=True)  # the parent waits for this line
+        os.write(ready, b"ready\n")  # the parent waits for this line
+    os.close(ready)
     while not serving.done():  # a parent killed outright leaves no worker behind
         await asyncio.wait({serving}, timeout=1.0)
         if os.getppid() != parent:
@@ -271,17 +270,32 @@ def _loopback(host: str) -> str:
 @dataclass
 class _Worker:
     index: int
-    fds: tuple[int, ...]
-    process: subprocess.Popen[bytes] | None = None
+    sockets: list[socket.socket]
+    """Its share of the port, and its private port: held by the parent for its next life."""
+    pid: int = 0
+    ready: int = -1
+    """The read end of the pipe it says it serves on."""
     generation: int = -1
     started: float = 0.0
     quick_deaths: int = 0
-    sockets: list[socket.socket] = field(default_factory=list)
+    status: int | None = None
+    """How it ended (``os.waitstatus_to_exitcode``), once it has."""
+
+    def ended(self) -> bool:
+        if self.status is None and self.pid:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+        return self.status is not None
 
 
 class Workers:
     """The parent of ``count`` gateway workers: binds the shared port and the private ones,
-    starts the workers, restarts one that dies, and stops them all."""
+    forks the workers, restarts one that dies, and stops them all.
+
+    Workers are forked (POSIX) from a parent that has imported the gateway's stack and runs no
+    thread or event loop yet, so a worker serves within milliseconds of being started, and a
+    restart loses no time to imports."""
 
     def __init__(self, count: int, config: dict[str, Any]) -> None:
         self.count, self.config = count, config
@@ -292,11 +306,13 @@ class Workers:
     # -- start -----------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """Bind every socket (raises ``OSError`` when the port is taken), and take ``OUT``."""
+        """Bind every socket (raises ``OSError`` when the port is taken), and take ``OUT``
+        (``RunLockedError`` when a Trainer or another gateway has it)."""
         from ..training._journal import RunLock
+        from ._gateway import Gateway  # noqa: F401 - imported once here, not in each worker
 
         self._lock = RunLock(Path(self.config["out"]))
-        self._lock.acquire()  # RunLockedError: another gateway or a Trainer is there
+        self._lock.acquire()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         reuse_port = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
         shared: list[socket.socket] = []
@@ -311,54 +327,69 @@ class Workers:
                 self.port = s.getsockname()[1]  # port 0: the others take the one it got
             for i in range(self.count):
                 private = _listening(family)
+                self.workers.append(_Worker(i, [shared[i if reuse_port else 0], private]))
                 private.bind((self.host, 0))
                 private.listen(4096)
-                mine = shared[i] if reuse_port else shared[0]
-                self.workers.append(
-                    _Worker(i, (mine.fileno(), private.fileno()), sockets=[mine, private])
-                )
         except BaseException:
             for s in shared:
                 s.close()
             self.close()
             raise
+        ports = [w.sockets[1].getsockname()[1] for w in self.workers]
+        self.config = {**self.config, "ports": ports}
 
     def start(self) -> None:
         """Start every worker; returns once all serve. Raises ``RuntimeError`` with the
-        cause when one cannot start (the others are stopped)."""
-        ports = [w.sockets[1].getsockname()[1] for w in self.workers]
-        self.config = {**self.config, "ports": ports}
+        cause when one cannot start."""
         for worker in self.workers:
-            self._spawn(worker)
+            self._fork(worker)
         for worker in self.workers:
             self._wait_ready(worker)
 
-    def _spawn(self, worker: _Worker) -> None:
+    def _fork(self, worker: _Worker) -> None:
         worker.generation += 1
-        config = {
-            **self.config,
-            "index": worker.index,
-            "generation": worker.generation,
-            "fds": list(worker.fds),
-        }
-        worker.process = subprocess.Popen(
-            [sys.executable, "-m", "arttrace.gateway._workers", json.dumps(config)],
-            pass_fds=worker.fds,
-            stdout=subprocess.PIPE,
-        )
-        worker.started = time.monotonic()
+        worker.status = None
+        config = {**self.config, "index": worker.index, "generation": worker.generation}
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            status = 70  # EX_SOFTWARE, if serving raised
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (SIGTERM)
+                os.close(read)
+                for other in self.workers:
+                    if other is not worker:
+                        for s in other.sockets:
+                            if s not in worker.sockets:
+                                s.close()
+                        if other.ready >= 0:
+                            os.close(other.ready)
+                status = serve_worker(config, worker.sockets, write)
+            except BaseException:
+                logging.getLogger(__name__).exception("worker %d failed", worker.index)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        os.close(write)
+        worker.pid, worker.ready, worker.started = pid, read, time.monotonic()
+        _say(f"worker {worker.index} is process {pid}", 0)
 
     def _wait_ready(self, worker: _Worker) -> None:
-        process = worker.process
-        assert process is not None and process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], _START_TIMEOUT)
-        line = process.stdout.readline() if ready else b""
+        ready, _, _ = select.select([worker.ready], [], [], _START_TIMEOUT)
+        line = os.read(worker.ready, 64) if ready else b""
+        os.close(worker.ready)
+        worker.ready = -1
         if line.strip() != b"ready":
-            process.kill()
-            process.wait()
+            if not worker.ended():
+                os.kill(worker.pid, signal.SIGKILL)
+                os.waitpid(worker.pid, 0)
             raise RuntimeError(
-                f"worker {worker.index} did not start (exit status {process.returncode}); "
-                "see its message above"
+                f"worker {worker.index} did not start ({_status(worker.status)}); see its "
+                "message above"
             )
 
     # -- serve -----------------------------------------------------------------------------
@@ -372,16 +403,14 @@ class Workers:
         status: 0, or 1 when a worker keeps dying."""
         while not stop.wait(0.2):
             for worker in self.workers:
-                process = worker.process
-                assert process is not None
-                if process.poll() is None:
+                if not worker.ended():
                     continue
                 lived = time.monotonic() - worker.started
                 worker.quick_deaths = worker.quick_deaths + 1 if lived < _FLAPPING[1] else 1
                 _say(
-                    f"worker {worker.index} (pid {process.pid}) died ({_status(process)}): the "
-                    "runs it held are lost (their URLs now answer 410, and they will not be "
-                    "journaled)",
+                    f"worker {worker.index} (pid {worker.pid}) died ({_status(worker.status)}): "
+                    "the runs it held are lost (their URLs now answer 410, and they will not "
+                    "be journaled)",
                     0,
                 )
                 if worker.quick_deaths >= _FLAPPING[0]:
@@ -392,7 +421,7 @@ class Workers:
                     )
                     return 1
                 _say(f"restarting worker {worker.index}", 0)
-                self._spawn(worker)
+                self._fork(worker)
                 try:
                     self._wait_ready(worker)
                 except RuntimeError as error:
@@ -402,25 +431,27 @@ class Workers:
 
     def stop(self) -> None:
         """Stop every worker (SIGTERM; killed after 15 s), then close the sockets."""
-        running = [w.process for w in self.workers if w.process and w.process.poll() is None]
-        for process in running:
+        running = [w for w in self.workers if w.pid and not w.ended()]
+        for worker in running:
             with contextlib.suppress(ProcessLookupError):
-                process.terminate()
+                os.kill(worker.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
-        for process in running:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        for worker in running:
+            while not worker.ended():
+                if time.monotonic() > deadline:
+                    os.kill(worker.pid, signal.SIGKILL)
+                    os.waitpid(worker.pid, 0)
+                    break
+                time.sleep(0.02)
         self.close()
 
     def close(self) -> None:
         for worker in self.workers:
             for s in worker.sockets:
                 s.close()
-            if worker.process is not None and worker.process.stdout is not None:
-                worker.process.stdout.close()
+            if worker.ready >= 0:
+                os.close(worker.ready)
+                worker.ready = -1
         if self._lock is not None and self._lock.held:
             self._lock.release()
 
@@ -432,13 +463,8 @@ def _listening(family: socket.AddressFamily) -> socket.socket:
     return s
 
 
-def _status(process: subprocess.Popen[bytes]) -> str:
-    code = process.returncode
+def _status(code: int | None) -> str:
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
     return f"exit status {code}"
-
-
-if __name__ == "__main__":
-    sys.exit(serve_worker(json.loads(sys.argv[1])))
