@@ -218,7 +218,8 @@ class Gateway:
 
         ``agent`` names the policy on its calls (default ``"gateway"``); ``model``: only calls
         to this model are policy turns; ``request_training_data``, ``translate``: per run,
-        see the class (``translate=()`` turns the gateway's off for this run)."""
+        see the class (``translate=()`` turns the gateway's off for this run; default: the
+        trajectory's own ``translate``, else the gateway's)."""
         if self._state is not _State.OPENED:
             raise UsageError("the gateway is not serving: use `with Gateway(...) as gateway:`")
         if not isinstance(trajectory, Trajectory):
@@ -226,6 +227,7 @@ class Gateway:
                 f"gateway.url() takes an arttrace.Trajectory (e.g. "
                 f"arttrace.current_trajectory()), got {type(trajectory).__name__}"
             )
+        chosen = trajectory.translate if translate is None else translate
         options = RunOptions(
             agent=agent or self.options.agent,
             model=model,
@@ -233,7 +235,7 @@ class Gateway:
             if request_training_data is None
             else request_training_data,
             export_tokens=self.options.export_tokens,
-            translate=self.options.translate if translate is None else _apis(translate),
+            translate=self.options.translate if chosen is None else _apis(chosen),
         )
         return self._run_url(self.runs.attach(trajectory, options).id)
 
