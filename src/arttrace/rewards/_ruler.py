@@ -126,6 +126,12 @@ class Ruler:
         task = asyncio.get_running_loop().create_task(self._score(group))
         return await task  # its own context: capture is turned off there only
 
+    async def aclose(self) -> None:
+        """Close the clients this judge made (not a ``client`` it was given)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
+
     def messages(self, group: Group[Any]) -> list[dict[str, str]]:
         """The judge's prompt for ``group``: instructions and rubric, then the runs."""
         ids = [str(i) for i in range(1, len(group.runs) + 1)]
