@@ -120,16 +120,23 @@ def read_json(path: Path) -> Any:
 
 
 def _json_line(record: dict[str, Any]) -> bytes:
-    """``record`` as one line of JSON. orjson (an ART dependency) is ~10x faster than the
-    standard library but writes NaN and infinities as null: use it only when the line reads
-    back exactly (a NaN metric, say, falls back to ``json``, which keeps it)."""
+    """``record`` as one line of JSON (see :func:`_json_line_read`)."""
+    return _json_line_read(record)[0]
+
+
+def _json_line_read(record: dict[str, Any]) -> tuple[bytes, Any]:
+    """``record`` as one line of JSON, and that line read back. orjson (an ART dependency)
+    is ~10x faster than the standard library but writes NaN and infinities as null: use it
+    only when the line reads back exactly (a NaN metric, say, falls back to ``json``, which
+    keeps it). The check reads the line back anyway, so its reading is returned too."""
     try:
         line = orjson.dumps(record)
-        if orjson.loads(line) == record:
-            return line + b"\n"
+        if (read := orjson.loads(line)) == record:
+            return line + b"\n", read
     except TypeError:  # a type orjson does not take (an int beyond 64 bits, a non-str key)
         pass
-    return json.dumps(record).encode() + b"\n"
+    line = json.dumps(record).encode()
+    return line + b"\n", _loads(line)
 
 
 def _loads(line: bytes) -> Any:
@@ -301,9 +308,9 @@ class Journal:
         if fd is None:
             fd = _open(self.rollouts_path(step), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._files[step] = fd
-        line = _json_line({"slot": list(slot), "trajectory": trajectory.to_dict()})
+        line, read = _json_line_read({"slot": list(slot), "trajectory": trajectory.to_dict()})
         _write_all(fd, line)  # returns once the line is in the OS's hands
-        return Trajectory.from_dict(_loads(line)["trajectory"])
+        return Trajectory.from_dict(read["trajectory"])
 
     def close(self, step: int | None = None) -> None:
         """Close ``step``'s rollouts file (every step's, without one)."""
