@@ -617,6 +617,7 @@ async def test_the_trainer_reports_continuity_and_warns_once_per_step(
             result = await trainer.step()
     finally:
         at.uninstrument()
+        await client.close()
     shipped = [t for g in backend.shipped[0] for t in g.trajectories]
     assert len(shipped) == 4 and all(t.metadata["continuity_breaks_template"] == 1 for t in shipped)
     assert result.metrics["continuity_boundaries"] == 4

@@ -32,6 +32,7 @@ capture path; ``bench/bench_continuity.py`` measures it.
 from __future__ import annotations
 
 import functools
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -306,8 +307,9 @@ def _explain(
     """Where ``prompt`` leaves the previous turn's prompt and sampled ids, and why."""
     head, sampled = previous.call.prompt_token_ids, previous.choice.token_ids
     assert head is not None and sampled is not None
-    expected = [*head, *sampled]
-    at = _common_prefix(expected, prompt)
+    head, sampled, given = _alike(head, sampled, prompt)
+    expected = head + sampled
+    at = _common_prefix(expected, given)
     span = next((s for s in reversed(spans) if s.start <= at <= s.end), None)
     if span is None:
         return at, "other", "ids"
@@ -315,10 +317,10 @@ def _explain(
         return at, "template", "ids"
     ours = expected[span.start : span.end]
     try:  # the re-rendered turn: up to the first of our last id (the end token) from `at` on
-        end = list(prompt).index(ours[-1], at)
+        end = given.index(ours[-1], at)
     except ValueError:
         return at, "other", "ids"
-    theirs = list(prompt[span.start : end + 1])
+    theirs = given[span.start : end + 1]
     front = _common_prefix(ours, theirs)
     back = _common_prefix(ours[front:][::-1], theirs[front:][::-1])
     if front + back in (len(ours), len(theirs)):  # ids only removed or only added
@@ -336,13 +338,22 @@ def _explain(
     return at, "template" if shaped else "retokenized", "ids"
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix, by bisection on slice comparisons (each one a C loop)."""
-    a, b = list(a), list(b)
+def _alike(*ids: Sequence[int]) -> list[array[int]]:
+    """``ids`` as arrays of one type: the records' own when they share one (no copy), else
+    8-byte integers."""
+    if all(isinstance(x, array) for x in ids) and len({x.typecode for x in ids}) == 1:  # type: ignore[attr-defined]
+        return list(ids)  # type: ignore[arg-type]
+    return [array("q", x) for x in ids]
+
+
+def _common_prefix(a: array[int], b: array[int]) -> int:
+    """Length of the common prefix of two arrays of one type: bisection on their bytes (each
+    comparison a memcmp)."""
+    x, y, size = a.tobytes(), b.tobytes(), a.itemsize
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if x[: mid * size] == y[: mid * size]:
             lo = mid
         else:
             hi = mid - 1
