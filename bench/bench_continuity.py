@@ -2,10 +2,10 @@
 
 A typical agent run is captured once through the in-process ScriptedLLM transport (real
 ``openai`` client, ``arttrace.instrument()``): four policy turns (three tool calls, then the
-answer) under a ~400-token system prompt, ~1,300 prompt tokens by the last turn. A second run
-has a break at every boundary (the agent re-sends each assistant turn with a space added,
-a ``template`` break to the check), for the classification path. Then, in alternating order each round, CPU time of this thread
-(``thread_time``) for:
+answer) under a ~400-token system prompt, ~1,500 prompt tokens by the last turn. A second
+run has a break at every boundary (the agent re-sends each assistant turn with a space added,
+a ``template`` break to the check), for the classification path. Then, in alternating order
+each round, CPU time of this thread (``thread_time``) for:
 
 - ``check``: ``arttrace._continuity.continuity(conversations)``, the check alone (what
   ``to_art()`` adds, on the conversations it assembles anyway);
