@@ -74,10 +74,9 @@ def refusal(api: str, status: int, message: str) -> bytes:
     """A JSON error body in ``api``'s own shape (what its SDK shows its user), for a call
     refused before any upstream call, or an upstream error before a stream started."""
     if api == "messages":
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-        return orjson.dumps(
-            {"type": "error", "error": {"type": kind.get(status, "api_error"), "message": message}}
-        )
+        module = importlib.import_module(f"{__package__}._messages")
+        body: bytes = module.error_body(status, message)
+        return body
     kind_openai = "invalid_request_error" if status < 500 else "server_error"
     return orjson.dumps(
         {"error": {"message": message, "type": kind_openai, "param": None, "code": status}}
