@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
-
-import art
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import art  # only for types: the Trainer imports ART in the background (_art_import)
 
 
 @dataclass

@@ -14,13 +14,13 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import art
-
-from .._art import trainable_tokens
 from ..capture._records import jsonable
 from ._journal import private_dir, write_json
+
+if TYPE_CHECKING:
+    import art  # loaded when train() is called: building it must not wait for ART
 
 
 class DryRunBackend:
@@ -76,6 +76,8 @@ class DryRunBackend:
     async def train(
         self, model: Any, trajectory_groups: Iterable[art.TrajectoryGroup], **kwargs: Any
     ) -> art.TrainResult:
+        import art  # loaded by then: the groups are ART objects
+
         groups = list(trajectory_groups)
         trained = await self._get_step(model)  # numbered as the Trainer's journal numbers it
         directory = private_dir(self.output_dir / model.name / f"step-{trained:05d}")
@@ -101,6 +103,8 @@ class DryRunBackend:
 
 
 def _group_report(group: art.TrajectoryGroup) -> dict[str, Any]:
+    from .._art import trainable_tokens
+
     rewards = [t.reward for t in group.trajectories]
     tokens = [trainable_tokens(t) for t in group.trajectories]
     return {

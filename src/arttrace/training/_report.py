@@ -10,9 +10,8 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import art
 from tqdm.auto import tqdm
 
 from ..capture import _context
@@ -20,6 +19,9 @@ from ..capture._trajectory import Trajectory
 from ..capture._warnings import fix_for, warn_every_time
 from ._journal import append_line, private_dir, read_lines
 from ._plot import reward_plot
+
+if TYPE_CHECKING:
+    from ._art_import import TrainerModel
 
 _log = logging.getLogger("arttrace")
 PLOT_INTERVAL = 30.0
@@ -60,7 +62,7 @@ class Reporter:
     def __init__(
         self,
         output_dir: Path,
-        model: art.TrainableModel[Any],
+        model: TrainerModel,
         *,
         log_to_model: bool,
         progress: bool,
@@ -151,7 +153,11 @@ class Reporter:
         if not self.log_to_model or self._model_log_failed:
             return
         try:
-            await self.model.log(split=split, metrics=metrics, step=step)
+            model = await self.model.get()
+        except Exception:  # no model yet: the step that ships raises the cause, once
+            return
+        try:
+            await model.log(split=split, metrics=metrics, step=step)
         except Exception as error:  # logging must not stop training
             self._model_log_failed = True
             _log.warning(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-
-import art
+from typing import TYPE_CHECKING
 
 from ._curriculum import Curriculum
+
+if TYPE_CHECKING:
+    import art  # only for types: the Trainer imports ART in the background (_art_import)
 
 
 class Schedule[ExampleT]:

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import art
 import httpx
 import openai
 
 from .._errors import TrainingError
 from ._config import TrainerConfig
 from ._journal import Journal
+
+if TYPE_CHECKING:
+    import art
 
 _log = logging.getLogger("arttrace")
 
@@ -84,6 +86,8 @@ async def ship(
     the module docstring). ``None`` when the backend had already trained these groups (an
     earlier call that failed late, or a run stopped after training them); a
     :class:`TrainingError` when the step cannot ship (the journal keeps its rollouts)."""
+    import art  # loaded: the step's groups are ART objects
+
     earlier = journal.shipping(step)
     if earlier is None:
         before, _ = await backend_step(backend, model, config.train_timeout)

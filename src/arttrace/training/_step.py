@@ -13,10 +13,6 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import art
-from art.trajectories import PydanticException
-
-from .._art import trainable_tokens
 from .._errors import TrainingError
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
@@ -27,6 +23,8 @@ from ._resume import check_journaled
 from ._ship import ship
 
 if TYPE_CHECKING:
+    import art  # imported in the background while the rollouts run (_art_import)
+
     from ._trainer import Trainer
 
 
@@ -132,6 +130,9 @@ async def finish[ExampleT](
         collected.runs,
     )
     assert step == trainer.completed_steps, "steps ship in order"
+    await trainer.models.get()  # ART has loaded (in the background) and the model is built
+    from .._art import trainable_tokens
+
     schedule.start_epoch(epoch)
     stale = stale_runs(finished, step, trainer.max_steps_off_policy)
     if stale:
@@ -275,6 +276,9 @@ def build_groups(
     ART here, once all have finished: an ART trajectory is ~600 small objects, and holding a
     step's worth of them through the rollouts made every full garbage collection in between
     walk them all."""
+    import art  # loaded: finish() waited for it
+    from art.trajectories import PydanticException
+
     schedule, group_size = trainer.schedule, trainer.config.group_size
     groups, failures = [], []
     for pos, index in enumerate(indices):

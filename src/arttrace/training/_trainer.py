@@ -17,14 +17,13 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
-
-import art
+from typing import TYPE_CHECKING, Any
 
 from .._continuity import check_warn_rate
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, UsageError
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
+from ._art_import import ModelFactory, TrainerModel, start_art_import
 from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
 from ._group import GroupReward, check_group_reward, own_reward
@@ -35,6 +34,9 @@ from ._resume import open_run, run_settings, working
 from ._rollout import RewardFn, Rollout, RolloutRunner
 from ._schedule import Schedule
 from ._step import StepResult, run_rollouts, run_step
+
+if TYPE_CHECKING:
+    import art
 
 __all__ = ["StepResult", "Trainer"]
 
@@ -52,7 +54,13 @@ class Trainer[ExampleT]:
 
     Args:
         model: The ``art.TrainableModel`` to train; register it first
-            (``await model.register(backend)``).
+            (``await model.register(backend)``). Or a function of no arguments that builds
+            it, so that rollouts start without waiting for ART to load (``import art`` takes
+            15-35 s of CPU): the Trainer imports ART in a background thread when it is built,
+            and calls the function (importing ``art`` inside it is then instant) and
+            registers the model with ``backend`` when the first step's groups are built.
+            Pass the model itself when the rollouts need it first (to sample from
+            ``model.inference_base_url``).
         backend: An ART backend (``art.local.LocalBackend()``, ``art.ServerlessBackend(...)``,
             :class:`~arttrace.DryRunBackend`).
         rollout: One run of the agent on one example. An async function, or a sync one, which
@@ -146,7 +154,7 @@ class Trainer[ExampleT]:
 
     def __init__(
         self,
-        model: art.TrainableModel[Any],
+        model: art.TrainableModel[Any] | ModelFactory,
         backend: art.Backend,
         rollout: Rollout[ExampleT],
         train_dataset: Iterable[ExampleT],
@@ -206,7 +214,9 @@ class Trainer[ExampleT]:
             )
         self.max_steps_off_policy = max_steps_off_policy
         self.continuity_warn_rate = check_warn_rate(continuity_warn_rate)
-        self.model, self.backend = model, backend
+        start_art_import()  # rollouts need only capture: ART loads meanwhile
+        self.models = TrainerModel(model, backend)
+        self.backend = backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
         check_group_reward(group_reward)
         self.group_reward = group_reward
@@ -230,13 +240,26 @@ class Trainer[ExampleT]:
         self.output_dir = self.config.output_dir
         self.journal = Journal(self.output_dir)
         self.reporter = Reporter(
-            self.output_dir, model, log_to_model=log_to_model, progress=progress
+            self.output_dir, self.models, log_to_model=log_to_model, progress=progress
         )
         state = open_run(self.journal, run_settings(self), resume)
         self.completed_steps: int = state.get("completed_steps", 0)
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
         self._bind()  # last: a Trainer that fails to build leaves no workers behind
+
+    @property
+    def model(self) -> art.TrainableModel[Any]:
+        """The model being trained (one a factory builds exists once ART has loaded, when
+        the first step's groups are built)."""
+        model = self.models.built
+        if model is None:
+            raise UsageError(
+                "the Trainer's model comes from a factory, which runs once ART has loaded, "
+                "when the first step's groups are built: read trainer.model after a step, or "
+                "await trainer.models.get() to wait for it"
+            )
+        return model
 
     @property
     def rollout(self) -> Rollout[ExampleT]:
