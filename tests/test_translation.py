@@ -400,6 +400,36 @@ def test_the_anthropic_sdk_in_process_gets_what_the_gateway_sends_and_trains(
     assert said[-1].content[0].text == "The sum is 3."  # type: ignore[union-attr]
 
 
+# -- per run ---------------------------------------------------------------------------------
+
+
+def test_a_run_chooses_its_own_translation_in_process_and_at_the_gateway(upstream, native):
+    """``trajectory(..., translate=...)`` over ``instrument()``'s choice, both ways; the
+    gateway's URL of such a run translates too."""
+    server, llm = upstream
+
+    def turn(url: str) -> Any:
+        return client(url).responses.create(model="policy", input="Add.", tools=[ADD])
+
+    at.instrument()  # translates nothing
+    try:
+        with warnings_are_errors(), at.trajectory("q", translate="responses") as t:
+            at.trainable(turn)(server.base_url)
+        trains_exactly(t, llm, 1)
+        with at.Gateway(server.base_url) as plain, at.trajectory("q", translate=["responses"]) as g:
+            turn(plain.url(g))
+        trains_exactly(g, llm, 1)
+        at.instrument(translate="responses")
+        asked = len(native.responses.requests)
+        with warnings_are_errors(), at.trajectory("q", translate=()) as native_run:
+            at.trainable(turn)(native.base_url)  # the server's own Responses API answers
+    finally:
+        at.uninstrument()
+        _warnings.reset()
+    assert len(native.responses.requests) == asked + 1
+    assert [c.source for c in native_run.calls] == ["openai"]  # the shim's Responses record
+
+
 # -- the pieces -------------------------------------------------------------------------------
 
 

@@ -61,8 +61,9 @@ def instrument(
     _threads.install()
     integrations.hook_frameworks()
     _http.install()
-    if translate:  # outside the shim's wrapper: a translated call is recorded below it
-        when_imported("openai", _inprocess.stand_aside)
+    # Outside the shim's wrapper, for calls that instrument() or a run translates: such a call
+    # is recorded below it, as the Chat Completions call it becomes.
+    when_imported("openai", _inprocess.stand_aside)
 
 
 def uninstrument() -> None:
