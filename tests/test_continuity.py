@@ -344,6 +344,24 @@ def test_qwen3_dropping_earlier_reasoning_is_a_template_break(qwen3: Any) -> Non
     assert "<think>" in qwen3.decode(t.calls[0].choices[0].token_ids)
 
 
+def test_the_documented_fix_keeps_a_qwen3_run_whole(qwen3: Any) -> None:
+    """docs/continuity.md's fix for Qwen3: ART's template rewrite keeps every turn's
+    reasoning, and the agent sends it back: the same run as above has no break."""
+    from art_inference.chat_template import chat_template_with_preserved_thinking
+
+    keeping = copy.copy(qwen3)
+    keeping.chat_template = chat_template_with_preserved_thinking(QWEN3_TEMPLATE)
+    run = Run(keeping)
+    history = [user("What is 2+3?")]
+    history.append(run.turn(history, assistant("It is 5.", reasoning_content="2 and 3 make 5.")))
+    history.append(user("And 5+5?"))
+    run.turn(history, assistant("It is 10.", reasoning_content="5 and 5 make 10."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert (found.boundaries, found.breaks, found.sequences) == (1, (), 1)
+    assert art_sequences(keeping, t) == [1]
+
+
 def test_an_agent_that_drops_the_reasoning_breaks_a_qwen3_tool_run(qwen3: Any) -> None:
     run = Run(qwen3, TOOLS)
     history = [user("What is 2+3?")]
