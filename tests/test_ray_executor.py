@@ -30,6 +30,7 @@ import pytest
 
 import arttrace as at
 import ray_agents
+from arttrace.capture import _context
 from arttrace.executors import InProcessExecutor, RayExecutor
 from arttrace.executors._frozen import freeze, thaw
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
@@ -140,6 +141,56 @@ async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
     # bound again for the sync rollout, the executor kept its 4 actors
     assert processes[ray_agents.solve_sync] == processes[ray_agents.solve_async]
     assert len(processes[ray_agents.solve_sync]) == 4
+
+
+async def test_the_driver_judges_the_groups_of_runs_made_on_ray(
+    four: RayExecutor, servers, tmp_path
+):
+    """A group reward with RayExecutor: the runs come back from the workers and the driver
+    judges each group, outside every run and with capture off; ART gets the judge's rewards.
+    (Before the test below, which closes the shared executor.)"""
+    judged: list[tuple[str, int]] = []
+
+    def judge(group: at.Group[Any]) -> list[float]:
+        judged.append((group.example_id, len(group.runs)))
+        assert _context.current_trajectory_var.get() is None and _context.capturing.get()
+        assert all(len(run.trajectory.calls) == 2 for run in group.runs)  # the workers' calls
+        return [0.1 * (run.rollout + 1) for run in group.runs]
+
+    model = art.TrainableModel(
+        name="m",
+        project="p",
+        base_model="Qwen/Qwen2.5-0.5B-Instruct",
+        run_name="r",
+        base_path=str(tmp_path / ".art"),
+    )
+    backend = at.DryRunBackend(tmp_path / "dry")
+    await model.register(backend)
+    trainer = at.Trainer(
+        model,
+        backend,
+        ray_agents.solve_async,
+        examples(servers, 2),
+        group_size=GROUP,
+        groups_per_step=2,
+        executor=four,
+        group_reward=judge,
+        output_dir=tmp_path / "out",
+        progress=False,
+        log_to_model=False,
+    )
+    result = await trainer.step()
+    assert sorted(judged) == [("ex-0", GROUP), ("ex-1", GROUP)]
+    assert result.metrics["groups_judged"] == 2 and result.metrics["exceptions"] == 0
+    shipped = tmp_path / "dry" / "m" / "step-00000" / "groups.jsonl"
+    for line in shipped.read_text().splitlines():
+        trajectories = json.loads(line)["trajectories"]
+        assert [t["reward"] for t in trajectories] == pytest.approx(
+            [0.1 * (k + 1) for k in range(GROUP)]
+        )
+        assert [t["metrics"]["independent_reward"] for t in trajectories] == [
+            ray_agents._reward("It is 5.", k) for k in range(GROUP)
+        ]
 
 
 async def test_a_trainer_on_ray_journals_every_slot_once(four: RayExecutor, servers, tmp_path):
