@@ -36,7 +36,7 @@ from ..translation import (
     refusal,
     upstream_message,
 )
-from ._relay import _UPSTREAM_FAILED, Relay, Upstream, _let_go, _send_whole, _State
+from ._relay import _MAY_END, _UPSTREAM_FAILED, Relay, Upstream, _let_go, _send_whole, _State
 
 _log = logging.getLogger("arttrace.gateway")
 _JSON = [(b"content-type", b"application/json")]
@@ -158,16 +158,21 @@ class TranslatedRelay(Relay):
             return 502, refusal(t.api, 502, message)
 
     async def _stream(self, send: Send, content: Any) -> None:
-        """Each piece of the upstream's stream recorded, then sent in the agent's protocol."""
+        """The upstream's stream in the agent's protocol: its opening events at once (as a
+        server of that protocol sends them), then each piece's events. A piece that may end
+        the call is recorded before its events are sent (the call is whole in its run by the
+        time the caller has its end); any other is sent first, then recorded."""
         t = self.translation
         events = EventReader()
-        head = t.start()
+        await send({"type": "http.response.body", "body": t.start(), "more_body": True})
         failed = False
         while piece := await content.readany():
-            out = bytearray(head)
-            head = b""
-            for data in events.feed(piece):
-                self._record("event", data)
+            ending = _MAY_END.search(events.pending + piece) is not None
+            datas = events.feed(piece)
+            if ending:
+                self._record_all(datas)
+            out = bytearray()
+            for data in datas:
                 if data == b"[DONE]" or failed:
                     continue
                 try:
@@ -183,9 +188,14 @@ class TranslatedRelay(Relay):
                     out += self._failure(f"its stream could not be translated ({error!r})")
             if out:
                 await send({"type": "http.response.body", "body": bytes(out), "more_body": True})
+            if not ending:
+                self._record_all(datas)
         self._record("ended")
-        tail = head if failed else head + self._safely(t.end)
-        await _end(send, tail)
+        await _end(send, b"" if failed else self._safely(t.end))
+
+    def _record_all(self, datas: list[bytes]) -> None:
+        for data in datas:
+            self._record("event", data)
 
     def _failure(self, why: str) -> bytes:
         """The protocol's error event for a stream that failed because the upstream's ``why``
