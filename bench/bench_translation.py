@@ -43,14 +43,14 @@ import arttrace as at
 
 TOKENS = 64
 CONTENT = " ".join(f"w{i}" for i in range(TOKENS // 2))
-UPSTREAM = """  # noqa: UP031 - a script, its braces kept as they are
+UPSTREAM = """
 import asyncio, json, sys
 PACE, TOOL = float(sys.argv[1]), sys.argv[2] == "tool"
 from arttrace._asgi_server import ServerThread
 from arttrace.testing import Reply, ScriptedLLM, ToolCall
 
 CALL = Reply(tool_calls=[ToolCall("lookup", {"query": " ".join(f"w{i}" for i in range(20))})])
-llm = ScriptedLLM(lambda request: CALL if TOOL else %r)
+llm = ScriptedLLM(lambda request: CALL if TOOL else CONTENT)
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -83,10 +83,10 @@ async def app(scope, receive, send):
 
 server = ServerThread(app, "127.0.0.1", 0, name="the scripted upstream")
 server.start()
-print("http://%%s:%%d/v1" %% server.address, flush=True)
+print("http://%s:%d/v1" % server.address, flush=True)
 sys.stdin.read()
 server.stop()
-""" % (CONTENT,)
+""".replace("CONTENT)", repr(CONTENT) + ")")
 TOOLS_R = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
 TOOLS_C = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 TOOLS_M = [{"name": "lookup", "input_schema": {"type": "object"}}]
