@@ -60,8 +60,12 @@ import httpx
 from starlette.requests import Request
 
 import arttrace as at
-from arttrace._asgi_server import ServerThread
 from arttrace.gateway import Gateway
+
+try:  # the gateway's own server thread, on its event loop (uvloop's when installed)
+    from arttrace.gateway._gateway import _ServerThread as ServerThread
+except ImportError:  # arttrace before 0.2: asyncio's loop
+    from arttrace._asgi_server import ServerThread
 
 TOKENS, LONG = 64, 256
 CONTENT = " ".join(f"w{i}" for i in range(TOKENS // 2))  # 32 words + 31 spaces + end token
@@ -414,6 +418,130 @@ async def memory(caller: Caller, gateway: Gateway, calls: int) -> None:
     )
 
 
+# -- (d) throughput: `arttrace gateway --workers N` as a process of its own --------------------
+
+
+def start_upstream(pace_ms: float) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", UPSTREAM, str(pace_ms / 1e3)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds of these processes, all their threads (Linux's schedstat: nanoseconds,
+    where /proc/PID/stat counts 10 ms ticks)."""
+    total = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def gateway_pids(process: subprocess.Popen[str]) -> list[int]:
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    return [process.pid, *map(int, children)]
+
+
+async def open_runs(base: str, n: int) -> list[str]:
+    """``n`` runs opened over HTTP, each on a connection of its own (so that with workers
+    they spread as agents' runs would); their OpenAI base URLs."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        urls: list[str] = []
+        for start in range(0, n, 100):
+            answers = await asyncio.gather(
+                *(
+                    client.post(f"{base}/runs", json={"example_id": f"q-{i}"})
+                    for i in range(start, min(n, start + 100))
+                )
+            )
+            urls += [a.json()["url"] for a in answers]
+    return urls
+
+
+async def throughput(args: argparse.Namespace) -> None:
+    """Streamed tokens per second per core of the gateway process(es), at 1, 100 and 1,000
+    streams at once, paced and unpaced, with 1 and 2 workers: the gateway runs as
+    ``arttrace gateway --workers N`` (its runs opened over HTTP, its calls straight to each
+    run's URL), and its processes' CPU time over the calls is what the tokens are divided by."""
+    import tempfile
+
+    upstreams = {2.0: start_upstream(2.0), 0.0: start_upstream(0.0)}
+    caller = await Caller.start(1000)
+    sizes = (1, 100) if args.quick else (1, 100, 1000)
+    print(f"\n(d) throughput of `arttrace gateway --workers N`; {load()}")
+    print(
+        f"  {'workers':>7} {'pace':>6} {'streams':>7} {'calls':>6} {'failed':>6} "
+        f"{'CPU/call':>9} {'tok/s/core':>11} {'tok/s wall':>11} {'1st byte p50':>13}  load"
+    )
+    wall: dict[tuple[int, float, int], float] = {}
+    try:
+        for workers in args.workers:
+            for pace, (_, upstream) in upstreams.items():
+                with tempfile.TemporaryDirectory() as out:
+                    command = ["gateway", "--upstream", upstream, "--port", "0", "--out", out]
+                    gateway = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "arttrace.app.cli",
+                            *command,
+                            "--workers",
+                            f"{workers}",
+                        ],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    try:
+                        assert gateway.stdout is not None
+                        line = gateway.stdout.readline()
+                        base = line.split("listening on ")[1].split(" ")[0]
+                        pids = gateway_pids(gateway)
+                        await caller.calls((await open_runs(base, 20))[:20])  # warm-up
+                        for n in sizes:
+                            rounds = (20 if args.quick else 40) if n == 1 else (1 if n > 100 else 3)
+                            urls = await open_runs(base, n * rounds)
+                            cpu0, t0 = process_cpu(pids), time.perf_counter()
+                            results: list[Timing | str] = []
+                            for r in range(rounds):
+                                results += await caller.calls(urls[r * n : (r + 1) * n])
+                            cpu1, t1 = process_cpu(pids), time.perf_counter()
+                            ok = [x for x in results if not isinstance(x, str)]
+                            tokens = TOKENS * len(ok)
+                            wall[workers, pace, n] = tokens / (t1 - t0)
+                            first = pct([x[0] * 1e3 for x in ok], 50) if ok else float("nan")
+                            print(
+                                f"  {workers:>7} {f'{pace:g} ms' if pace else 'none':>6} "
+                                f"{n:>7} {len(results):>6} {len(results) - len(ok):>6} "
+                                f"{(cpu1 - cpu0) / max(1, len(ok)) * 1e3:>6.2f} ms "
+                                f"{tokens / max(cpu1 - cpu0, 1e-9):>11,.0f} "
+                                f"{tokens / (t1 - t0):>11,.0f} {first:>10.2f} ms  "
+                                f"{os.getloadavg()[0]:.1f}",
+                                flush=True,
+                            )
+                    finally:
+                        gateway.terminate()
+                        gateway.wait(timeout=60)
+        for pace in upstreams if len(args.workers) > 1 else ():
+            n = max(sizes)
+            ratio = wall[2, pace, n] / wall[1, pace, n]
+            print(
+                f"  2 workers / 1, wall tokens/s at {n} streams, "
+                f"{f'a chunk every {pace:g} ms' if pace else 'unpaced'}: {ratio:.2f}x"
+            )
+    finally:
+        await caller.stop()
+        for process, _ in upstreams.values():
+            assert process.stdin is not None
+            process.stdin.close()
+            process.wait(timeout=30)
+
+
 async def main(args: argparse.Namespace) -> None:
     process = subprocess.Popen(
         [sys.executable, "-c", UPSTREAM, str(args.pace_ms / 1e3)],
@@ -464,10 +592,24 @@ if __name__ == "__main__":
     parser.add_argument(
         "--pace-ms", type=float, default=0.0, help="the upstream's time between chunks (0: none)"
     )
+    parser.add_argument(
+        "--throughput",
+        action="store_true",
+        help="only (d): tokens/s per core of `arttrace gateway --workers 1` and `2`",
+    )
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 2],
+        help="(d)'s worker counts, comma-separated",
+    )
     parser.add_argument("--caller", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.caller:
         asyncio.run(caller(args.concurrency))
+        sys.exit(0)
+    if args.throughput:
+        asyncio.run(throughput(args))
         sys.exit(0)
     args.calls = 100 if args.quick else 400
     args.rounds = 2  # in both orders: the first arm of a round opens the connections

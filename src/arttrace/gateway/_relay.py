@@ -62,6 +62,7 @@ _MAY_END = re.compile(
 """What in a stream may end its call: a finish reason, the usage, the end, an error, a final
 Responses event. A caller may stop reading there (LiteLLM's sync stream stops at the finish
 reason) and end its run."""
+_RECORDING_EVENT = guarded("the gateway recording a call (event)")
 _UPSTREAM_FAILED = (aiohttp.ClientError, OSError, TimeoutError)
 """How an upstream call fails (aiohttp raises these, and a timeout as ``TimeoutError``)."""
 
@@ -206,6 +207,7 @@ class Relay(Response):
         except BaseException:  # the caller hung up before the answer came
             _let_go(request)
             raise
+        silence: _Silence | None = None
         try:
             headers = [(k, v) for k, v in answer.raw_headers if k.lower() not in _NOT_RETURNED]
             streamed = answer.status < 300 and (answer.content_type == "text/event-stream")
@@ -221,11 +223,14 @@ class Relay(Response):
             await send({"type": "http.response.start", "status": answer.status, "headers": headers})
             events = EventReader() if self.recorder is not None else None
             content = answer.content
+            silence = _Silence.watch(answer, self.upstream.timeout)
             while piece := await content.readany():  # all that has arrived, as soon as it has
+                if silence is not None:
+                    silence.heard += 1
                 body = {"type": "http.response.body", "body": piece, "more_body": True}
                 if events is None:
                     await send(body)
-                elif _MAY_END.search(events.pending + piece):
+                elif _MAY_END.search(events.pending + piece if events.pending else piece):
                     self._read(events, piece)
                     await send(body)
                 else:
@@ -238,16 +243,62 @@ class Relay(Response):
             self._record("failed", error, partial=True)
             state.answered = True
         finally:
+            if silence is not None:
+                silence.stop()
             answer.close()  # also when the caller's hang-up cancelled us: closes the upstream
 
     def _read(self, events: EventReader, piece: bytes) -> None:
+        assert self.recorder is not None
+        record = self.recorder.event
         for data in events.feed(piece):
-            self._record("event", data)
+            _RECORDING_EVENT.call(record, data)  # the guard's cheap form: once per chunk
 
     def _record(self, what: str, *args: object, **kwargs: object) -> None:
         if self.recorder is not None:
             with guarded(f"the gateway recording a call ({what})"):
                 getattr(self.recorder, what)(*args, **kwargs)
+
+
+class _Silence:
+    """An upstream silent for ``timeout`` seconds in the middle of a stream fails the stream's
+    read, as aiohttp's ``sock_read`` timeout does, but checked a few times per ``timeout``
+    (a silence is found after ``timeout`` to 1.25 × ``timeout``) instead of by a timer that
+    aiohttp cancels and arms again for every chunk: at 1,000 streams those timers fill the
+    event loop's heap with cancelled handles."""
+
+    __slots__ = ("_content", "_handle", "_loop", "_period", "_quiet", "_seen", "_timeout", "heard")
+
+    def __init__(self, content: aiohttp.StreamReader, timeout: float) -> None:
+        self._content, self._timeout, self._period = content, timeout, timeout / 4
+        self._loop = asyncio.get_running_loop()
+        self.heard = self._seen = 0
+        """Pieces read so far; pieces read at the last check."""
+        self._quiet = 0.0
+        self._handle = self._loop.call_later(self._period, self._check)
+
+    @classmethod
+    def watch(cls, answer: aiohttp.ClientResponse, timeout: float | None) -> _Silence | None:
+        """The watch of a streamed ``answer``, taking over from aiohttp's own timeout."""
+        connection = answer.connection
+        if timeout is None or connection is None or connection.protocol is None:
+            return None
+        connection.protocol.read_timeout = None  # this request's only: each sets its own
+        return cls(answer.content, timeout)
+
+    def _check(self) -> None:
+        if self.heard != self._seen:
+            self._seen, self._quiet = self.heard, 0.0
+        else:
+            self._quiet += self._period
+        if self._quiet >= self._timeout:  # what aiohttp's own timeout raises in the read
+            self._content.set_exception(
+                aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+            )
+        else:
+            self._handle = self._loop.call_later(self._period, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 def _let_go(request: asyncio.Future[aiohttp.ClientResponse]) -> None:
