@@ -150,8 +150,10 @@ def serve_worker(config: dict[str, Any], sockets: list[socket.socket], ready: in
     from ._relay import Upstream
 
     index, generation = int(config["index"]), int(config["generation"])
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s %(name)s (worker {index}): %(message)s"
+    logging.basicConfig(  # the parent's configuration, naming the worker
+        level=logging.INFO,
+        format=f"%(asctime)s %(name)s (worker {index}): %(message)s",
+        force=True,
     )
     host = str(config["host"])
     out = Path(config["out"]) / f"worker-{index}"
