@@ -28,10 +28,6 @@ _TOKEN_NAMES: dict[int, str] = {}
 """``token_id:<id>`` strings by id: immutable, so every token of an id can share one (most of
 a step's tokens come from a few thousand ids)."""
 _MAX_TOKEN_NAMES = 1 << 16
-_TOKEN_FIELDS = {"token", "bytes", "logprob", "top_logprobs"}
-"""Every token object's ``__pydantic_fields_set__``, shared: each has all four fields set, so
-pydantic's only write to it (``add`` of a field assigned later) changes nothing, and a step's
-~65k tokens do not each carry a set for the garbage collector to walk and free."""
 
 
 def messages_and_choices(conversation: Conversation) -> list[Any]:
@@ -92,7 +88,7 @@ def _token_logprobs(record: ChoiceRecord) -> list[ChatCompletionTokenLogprob]:
         else [[] for _ in tokens]
     )
     out: list[ChatCompletionTokenLogprob] = []
-    append, cls, fields_set = out.append, ChatCompletionTokenLogprob, _TOKEN_FIELDS
+    append, cls = out.append, ChatCompletionTokenLogprob
     for token, logprob, alternatives in zip(tokens, record.logprobs, top, strict=True):
         item = _new(cls)  # _built(), inlined: this loop runs once per sampled token
         _set(
@@ -100,7 +96,7 @@ def _token_logprobs(record: ChoiceRecord) -> list[ChatCompletionTokenLogprob]:
             "__dict__",
             {"token": token, "bytes": None, "logprob": logprob, "top_logprobs": alternatives},
         )
-        _set(item, "__pydantic_fields_set__", fields_set)
+        _set(item, "__pydantic_fields_set__", {"token", "bytes", "logprob", "top_logprobs"})
         _set(item, "__pydantic_extra__", {})
         _set(item, "__pydantic_private__", None)
         append(item)

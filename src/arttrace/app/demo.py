@@ -17,15 +17,17 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import art
 import openai
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 
 from ._demo_checks import MARKER, check_options, check_out
+
+if TYPE_CHECKING:
+    import art  # the dry-run demo's rollouts start while ART loads in the background
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -149,7 +151,8 @@ async def run_dry_run_demo(
 
     Writes under ``out`` the Trainer's outputs (metrics, plot, journal of every run) and, in
     ``out/dry_run``, the groups ART would train on with their report. A previous demo run in
-    ``out`` is replaced.
+    ``out`` is replaced. The rollouts start at once: the Trainer builds the model (and ART
+    loads) in the background, as a user's script can (``Trainer(model=factory)``).
     """
     fresh(out)
     at.instrument()
@@ -165,18 +168,21 @@ async def run_dry_run_demo(
             answer = await agent(f"What is {example['a']}+{example['b']}?")
             return 1.0 if answer == f"The answer is {example['a'] + example['b']}." else 0.0
 
-        model: art.TrainableModel[Any] = art.TrainableModel(
-            name="demo-policy",
-            project="arttrace-demo",
-            base_model="Qwen/Qwen2.5-0.5B-Instruct",
-            run_name="demo",
-            base_path=str(out / ".art"),
-        )
-        backend = at.DryRunBackend(out / "dry_run")
-        await model.register(backend)
+        def model() -> art.TrainableModel[Any]:
+            """Called by the Trainer once ART has loaded, in the background."""
+            import art
+
+            return art.TrainableModel(
+                name="demo-policy",
+                project="arttrace-demo",
+                base_model="Qwen/Qwen2.5-0.5B-Instruct",
+                run_name="demo",
+                base_path=str(out / ".art"),
+            )
+
         trainer = at.Trainer(
             model,
-            backend,
+            at.DryRunBackend(out / "dry_run"),
             rollout,
             dataset,
             group_size=rollouts,
