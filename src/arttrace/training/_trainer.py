@@ -368,6 +368,7 @@ class Trainer[ExampleT]:
                     self.reporter.append("metrics.jsonl", result.metrics)
                     await self.reporter.report(result.metrics, result.step, "train")
                     results.append(dataclasses.replace(result, groups=[]))
+                    del result  # its ART objects go now, not after the next step's rollouts
                     if validate_every and self.completed_steps % validate_every == 0:
                         await maybe_validate()
             finally:
