@@ -71,8 +71,9 @@ class OpenCall:
         with guarded("dropping a call's headers and keys", self._mark_unreadable):
             call.params = scrub_params(params)
         attributes: dict[str, Any] = {}
-        with guarded("building a call's span attributes", self._mark_unreadable):
-            attributes = _request_attributes(call, trajectory, server)
+        if tracing():  # else every span records nothing: its attributes are not built
+            with guarded("building a call's span attributes", self._mark_unreadable):
+                attributes = _request_attributes(call, trajectory, server)
         self.span = _tracer.start_span(
             f"chat {call.model}",
             context=None if parent is None else trace.set_span_in_context(parent),
@@ -180,13 +181,13 @@ class CallLog:
         "_frozen",
         "_lock",
         "_open",
+        "_warned",
         "cache_answered",
         "gateway",
         "gateway_reached",
         "name",
         "policy_ran",
         "records",
-        "warned",
     )
 
     def __init__(self, name: str = "") -> None:
@@ -201,17 +202,28 @@ class CallLog:
         self.gateway_reached = False
         """A call reached the run's gateway URL and was forwarded (recorded or not)."""
         self._lock = threading.Lock()
-        self._open: set[OpenCall] = set()
+        self._open: set[OpenCall] | frozenset[OpenCall] = set()
         self._frozen = False
         self._dropped = False
         self.records: list[LLMCall] = []
-        self.warned: set[tuple[str, str]] = set()
-        """The (model, cause) pairs of the untrainable turns this run has warned about."""
+        self._warned: set[tuple[str, str]] | None = None
+
+    @property
+    def warned(self) -> set[tuple[str, str]]:
+        """The (model, cause) pairs of the untrainable turns this run has warned about (made
+        on first use: most runs warn about nothing, and a kept run costs less without it)."""
+        if self._warned is None:
+            self._warned = set()
+        return self._warned
+
+    @warned.setter
+    def warned(self, value: set[tuple[str, str]]) -> None:
+        self._warned = value
 
     def open(self, call: OpenCall) -> None:
         with self._lock:
             if not self._frozen:
-                self._open.add(call)
+                self._open.add(call)  # type: ignore[union-attr]  # a set until frozen
                 return
         self._drop(call, "started")
 
@@ -219,9 +231,10 @@ class CallLog:
         """``call`` ended; its record is kept unless ``keep`` is false (it was discarded)."""
         with self._lock:
             known = call in self._open
-            self._open.discard(call)
-            if keep and known:
-                self.records.append(call.call)
+            if known:
+                self._open.remove(call)  # type: ignore[union-attr]  # a set: it holds the call
+                if keep:
+                    self.records.append(call.call)
         if keep and not known:
             self._drop(call, "ended")
 
@@ -258,7 +271,7 @@ class CallLog:
         self.abandon_open(why)
         with self._lock:
             self._frozen = True
-            self._open.clear()
+            self._open = _NONE_OPEN  # the run's set let go: a kept run holds no empty table
 
     def shim_saw(self, call: LLMCall) -> bool:
         """Whether the OpenAI shim recorded the same call as the framework record ``call``
@@ -266,6 +279,18 @@ class CallLog:
         with self._lock:
             records = list(self.records)
         return is_paired(call, records)
+
+
+_NONE_OPEN: frozenset[OpenCall] = frozenset()
+
+
+def tracing() -> bool:
+    """Whether a span can record: a tracer provider is configured (without one, OpenTelemetry's
+    default proxy hands out spans that keep nothing)."""
+    return not isinstance(trace.get_tracer_provider(), _NO_TRACING)
+
+
+_NO_TRACING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 
 
 def _request_attributes(

@@ -3,8 +3,9 @@ request's keyword arguments and finished from the parsed response or from the st
 
 from __future__ import annotations
 
+import operator
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -14,7 +15,15 @@ from openai.types.chat.chat_completion import Choice
 from . import _context
 from ._calls import OpenCall, Settings
 from ._guard import guarded
-from ._records import ChoiceRecord, LLMCall, jsonable, token_ids_from_tokens
+from ._records import (
+    ChoiceRecord,
+    LLMCall,
+    compact_ids,
+    compact_logprobs,
+    field_of,
+    jsonable,
+    token_ids_from_tokens,
+)
 from ._redact import remember_client
 
 if TYPE_CHECKING:
@@ -134,7 +143,44 @@ class Capture(OpenCall):
             _read_completion(self.call, completion)
         self._close()
 
+    def complete_data(self, data: Any) -> None:
+        """:meth:`complete` from the response's parsed JSON (a layer that sees bytes: the HTTP
+        layer, the gateway). Nothing is validated as a whole: each field the record keeps is
+        checked as it is read, as strictly as from the SDK's objects."""
+        if not self._claim():
+            return
+        with guarded("reading a Chat Completions response", self._mark_unreadable):
+            _read_completion_data(self.call, data)
+        self._close()
+
     # -- streams ---------------------------------------------------------------------------
+
+    def add_event(self, event: Any) -> None:
+        """:meth:`add_chunk` from a stream event's parsed JSON."""
+        if self._done:
+            return
+        if type(event) is not dict:
+            raise Unreadable(f"a stream event is {type(event).__name__}, not an object")
+        call = self.call
+        if call.response_id is None:
+            call.response_id, call.response_model = (
+                _name(event.get("id")),
+                _name(event.get("model")),
+            )
+        if call.prompt_token_ids is None and "prompt_token_ids" in event:
+            call.prompt_token_ids = _ids(event["prompt_token_ids"], "prompt_token_ids")
+        choices = _list(event.get("choices"), "choices")
+        usage = event.get("usage")
+        if usage is not None:
+            self._add_usage(usage, final=not choices)
+        for choice in choices:
+            if type(choice) is not dict:
+                raise Unreadable(f"a choice is {type(choice).__name__}, not an object")
+            acc = self._choices.get(choice.get("index"))  # type: ignore[arg-type]
+            if acc is None:  # a new choice: its index is checked once
+                index = _index(choice)
+                acc = self._choices[index] = _StreamedChoice(index)
+            acc.add_data(choice)
 
     def add_chunk(self, chunk: ChatCompletionChunk) -> None:
         if self._done:
@@ -253,6 +299,20 @@ def _read_completion(call: LLMCall, completion: ChatCompletion) -> None:
     call.usage = None if completion.usage is None else _usage(completion.usage)
 
 
+def _read_completion_data(call: LLMCall, data: Any) -> None:
+    """:func:`_read_completion` from the response's parsed JSON."""
+    if type(data) is not dict:
+        raise Unreadable(f"the response is {type(data).__name__}, not an object")
+    choices = _list(data.get("choices"), "choices")
+    call.response_id, call.response_model = _name(data.get("id")), _name(data.get("model"))
+    call.choices = [_choice_message_data(c) for c in choices]
+    for record, choice in zip(call.choices, choices, strict=True):
+        _read_tokens_data(record, choice)
+    call.prompt_token_ids = _ids(data.get("prompt_token_ids"), "prompt_token_ids")
+    usage = data.get("usage")
+    call.usage = None if usage is None else _usage(usage)
+
+
 class _StreamedChoice:
     """One choice reassembled from stream deltas."""
 
@@ -316,17 +376,57 @@ class _StreamedChoice:
         if choice.finish_reason:
             self.finish_reason = _str(choice.finish_reason, "finish_reason")
 
+    def add_data(self, choice: dict[str, Any]) -> None:
+        """:meth:`add` from a stream event's choice, as parsed JSON."""
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            raise Unreadable(f"a choice delta is {type(delta).__name__}, not an object")
+        content, refusal = delta.get("content"), delta.get("refusal")
+        if content:
+            self.content.append(_str(content, "content") or "")
+        if refusal:
+            self.refusal.append(_str(refusal, "refusal") or "")
+        if "reasoning" in delta or "reasoning_content" in delta:
+            reasoning = _reasoning(delta)
+            if reasoning:
+                self.reasoning.append(reasoning)
+        tool_calls = delta.get("tool_calls")
+        if tool_calls:
+            for tc in _list(tool_calls, "tool_calls"):
+                self._add_tool_call(tc)
+        ids = choice.get("token_ids")
+        if ids:
+            if self.token_ids is None:
+                self.token_ids = array("q")
+            self.token_ids.extend(ids if type(ids) is list else _ids(ids, "token_ids") or ())
+        logprobs = choice.get("logprobs")
+        if logprobs is not None:
+            entries = _content(logprobs)
+            if entries is not None:
+                self.saw_logprobs = True
+                for token in _list(entries, "logprobs.content"):
+                    logprob = token.get("logprob") if type(token) is dict else None
+                    self.logprobs.append(logprob if type(logprob) is float else _logprob(token))
+                    if not ids:  # the token strings matter only when the ids are not sent
+                        self.tokens.append(_token(token))
+                    if token.get("top_logprobs"):
+                        self.top.append(_top(token))
+        finish_reason = choice.get("finish_reason")
+        if finish_reason:
+            self.finish_reason = _str(finish_reason, "finish_reason")
+
     def _add_tool_call(self, tc: Any) -> None:
         index = _index(tc)
         slot = self.tool_calls.get(index)
         if slot is None:
             slot = self.tool_calls[index] = {"id": None, "name": [], "arguments": []}
-        tool_call_id = _str(tc.id, "tool call id")
+        tool_call_id = _str(field_of(tc, "id"), "tool call id")
         if tool_call_id:
             slot["id"] = tool_call_id
-        if tc.function is not None:
-            name = _str(tc.function.name, "tool name")
-            arguments = _str(tc.function.arguments, "tool arguments")
+        function = field_of(tc, "function")
+        if function is not None:
+            name = _str(field_of(function, "name"), "tool name")
+            arguments = _str(field_of(function, "arguments"), "tool arguments")
             if name:
                 slot["name"].append(name)
             if arguments:
@@ -351,15 +451,15 @@ class _StreamedChoice:
                 for _, slot in sorted(self.tool_calls.items())
             ]
         record = ChoiceRecord(index=self.index, message=message, finish_reason=self.finish_reason)
-        record.token_ids = self.token_ids
+        record.token_ids = None if self.token_ids is None else compact_ids(self.token_ids)
         if self.saw_logprobs:
-            record.logprobs = self.logprobs
+            record.logprobs = compact_logprobs(self.logprobs)
             _set_tokens(record, self.tokens, self.top)
         return record
 
 
-def _top(token: ChatCompletionTokenLogprob) -> list[dict[str, Any]]:
-    alternatives = _list(token.top_logprobs or [], "top_logprobs")
+def _top(token: ChatCompletionTokenLogprob | dict[str, Any]) -> list[dict[str, Any]]:
+    alternatives = _list(field_of(token, "top_logprobs") or [], "top_logprobs")
     return [{"token": _token(t), "logprob": _logprob(t)} for t in alternatives]
 
 
@@ -393,6 +493,30 @@ def _choice_message(choice: Choice) -> ChoiceRecord:
     )
 
 
+def _choice_message_data(choice: Any) -> ChoiceRecord:
+    """:func:`_choice_message` from a choice's parsed JSON."""
+    if type(choice) is not dict:
+        raise Unreadable(f"a choice is {type(choice).__name__}, not an object")
+    m = choice.get("message")
+    if type(m) is not dict:
+        raise Unreadable(f"choice message is {type(m).__name__}")
+    message: dict[str, Any] = {"role": "assistant", "content": _str(m.get("content"), "content")}
+    reasoning = _reasoning(m)
+    if reasoning:
+        message["reasoning"] = reasoning
+    refusal = _str(m.get("refusal"), "refusal")
+    if refusal:
+        message["refusal"] = refusal
+    tool_calls = m.get("tool_calls")
+    if tool_calls:
+        message["tool_calls"] = [_tool_call(tc) for tc in _list(tool_calls, "tool_calls")]
+    return ChoiceRecord(
+        index=_index(choice),
+        message=message,
+        finish_reason=_str(choice.get("finish_reason"), "finish_reason"),
+    )
+
+
 def _reasoning(extra: Mapping[str, Any]) -> str | None:
     """The reasoning text vLLM sent in a message or delta (see :data:`_REASONING_KEYS`)."""
     for key in _REASONING_KEYS:
@@ -403,13 +527,13 @@ def _reasoning(extra: Mapping[str, Any]) -> str | None:
 
 
 def _tool_call(tool_call: Any) -> dict[str, Any]:
-    function = getattr(tool_call, "function", None)
-    name = getattr(function, "name", None)
-    arguments = getattr(function, "arguments", None)
+    function = field_of(tool_call, "function")
+    name = field_of(function, "name")
+    arguments = field_of(function, "arguments")
     if not isinstance(name, str) or not isinstance(arguments, str):
         raise Unreadable("a tool call without a function name and arguments")
     return {
-        "id": _str(getattr(tool_call, "id", None), "tool call id"),
+        "id": _str(field_of(tool_call, "id"), "tool call id"),
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
@@ -421,17 +545,63 @@ def _read_tokens(record: ChoiceRecord, choice: Choice) -> None:
     logprobs = choice.logprobs
     if logprobs is not None and logprobs.content is not None:
         content = _list(logprobs.content, "logprobs.content")
-        record.logprobs = array("d", [_logprob(t) for t in content])
+        record.logprobs = _logprobs(content, _LOGPROB)
         tokens = [_token(t) for t in content] if record.token_ids is None else []
         top = [_top(t) for t in content] if content and content[0].top_logprobs else []
         _set_tokens(record, tokens, top)
+
+
+def _read_tokens_data(record: ChoiceRecord, choice: dict[str, Any]) -> None:
+    """:func:`_read_tokens` from a choice's parsed JSON."""
+    record.token_ids = _ids(choice.get("token_ids"), "token_ids")
+    logprobs = choice.get("logprobs")
+    content = None if logprobs is None else _content(logprobs)
+    if content is not None:
+        content = _list(content, "logprobs.content")
+        record.logprobs = _logprobs(content, _LOGPROB_ITEM)
+        tokens = [_token(t) for t in content] if record.token_ids is None else []
+        first = content[0] if content else None
+        top = [_top(t) for t in content] if field_of(first, "top_logprobs") else []
+        _set_tokens(record, tokens, top)
+
+
+def _content(logprobs: Any) -> Any:
+    """A choice's ``logprobs.content`` (parsed JSON)."""
+    if type(logprobs) is not dict:
+        raise Unreadable(f"logprobs is {type(logprobs).__name__}, not an object")
+    return logprobs.get("content")
+
+
+_LOGPROB = operator.attrgetter("logprob")
+_LOGPROB_ITEM = operator.itemgetter("logprob")
+
+
+def _logprobs(entries: list[Any], get: Callable[[Any], Any]) -> array[float]:
+    """The sampled tokens' logprobs, read in one pass at C speed (``get``: an attribute or
+    item getter); an entry without a float logprob is read again one by one, to accept an int
+    and to name what is wrong."""
+    try:
+        values = list(map(get, entries))
+    except (AttributeError, KeyError, TypeError):
+        values = None
+    if values is None or not _floats(values):
+        values = [_logprob(e) for e in entries]
+    return compact_logprobs(values)
+
+
+def _floats(values: list[Any]) -> bool:
+    """Whether every value is a ``float`` (not an int, a bool or a string)."""
+    return not values or {*map(type, values)} == _FLOAT_ONLY
+
+
+_FLOAT_ONLY = {float}
 
 
 def _ids(raw: Any, what: str) -> array[int] | None:
     if raw is None:
         return None
     try:  # array() itself refuses what is not an int or beyond 64 bits
-        ids = array("q", raw) if type(raw) is list else None
+        ids = compact_ids(raw) if type(raw) is list else None
     except (TypeError, OverflowError):
         ids = None
     if ids is None:
@@ -440,7 +610,7 @@ def _ids(raw: Any, what: str) -> array[int] | None:
 
 
 def _logprob(token: Any) -> float:
-    value = getattr(token, "logprob", None)
+    value = token.get("logprob") if isinstance(token, Mapping) else getattr(token, "logprob", None)
     if type(value) is float:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -449,7 +619,8 @@ def _logprob(token: Any) -> float:
 
 
 def _token(token: Any) -> str:
-    return _str(getattr(token, "token", None), "logprob token") or ""
+    value = token.get("token") if isinstance(token, Mapping) else getattr(token, "token", None)
+    return _str(value, "logprob token") or ""
 
 
 def _list(value: Any, what: str) -> list[Any]:
@@ -459,7 +630,7 @@ def _list(value: Any, what: str) -> list[Any]:
 
 
 def _index(choice: Any) -> int:
-    index = getattr(choice, "index", None)
+    index = field_of(choice, "index")
     if type(index) is not int:
         raise Unreadable(f"a choice index is {type(index).__name__}, not an integer")
     return index
@@ -480,10 +651,19 @@ def _usage(usage: Any) -> dict[str, Any] | None:
     """The server's ``usage`` as the record keeps it: an object's fields as sent (a wrong
     type among them included), ``None`` for what is not an object (a string, a list). Only
     the token counts are read from it (:func:`._records.token_count`), so a malformed usage
-    never costs the turn its ids and logprobs."""
+    never costs the turn its ids and logprobs. ``null`` fields are left out, as the SDK's
+    ``exclude_none`` dump leaves them, so every layer keeps the same usage."""
     if isinstance(usage, Mapping):
-        return dict(usage)
+        return _without_none(usage)
     dump = getattr(usage, "model_dump", None)
     if dump is None:
         return None
     return dict(dump(mode="json", exclude_none=True, warnings=False))
+
+
+def _without_none(value: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: _without_none(v) if isinstance(v, Mapping) else v
+        for k, v in value.items()
+        if v is not None
+    }

@@ -11,26 +11,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from types import TracebackType
+from typing import TypeVar
 
 _log = logging.getLogger("arttrace")
 _logged: set[str] = set()
 _lock = threading.Lock()
+_T = TypeVar("_T")
 
 
-def guarded(
-    where: str, on_error: Callable[[BaseException], object] | None = None
-) -> AbstractContextManager[None]:
+def guarded(where: str, on_error: Callable[[BaseException], object] | None = None) -> Guard:
     """Run the block; an ``Exception`` raised in it is logged (once per ``where``, with its
     traceback) and handed to ``on_error``, whose own failure is swallowed too. The manager
     holds no state of a run: it may be entered again (a stream reuses one for every chunk)."""
-    return _Guard(where, on_error)
+    return Guard(where, on_error)
 
 
-class _Guard:
-    """:func:`guarded` as a plain context manager: it runs for every stream chunk, where a
-    generator-based one costs several times more."""
+class Guard:
+    """:func:`guarded` as a plain context manager (a generator-based one costs several times
+    more), and as :meth:`call`, the same rule for one function call at the cost of that call:
+    the form a stream runs for every chunk."""
 
     __slots__ = ("on_error", "where")
 
@@ -40,6 +40,13 @@ class _Guard:
     def __enter__(self) -> None:
         return None
 
+    def call(self, fn: Callable[[_T], object], arg: _T) -> None:
+        """``fn(arg)``, guarded as the block of a ``with`` would be."""
+        try:
+            fn(arg)
+        except Exception as error:
+            self._failed(error)
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -48,13 +55,16 @@ class _Guard:
     ) -> bool:
         if not isinstance(error, Exception):
             return False  # no error, or one that is not ours to stop (KeyboardInterrupt, ...)
+        self._failed(error)
+        return True
+
+    def _failed(self, error: Exception) -> None:
         report(self.where, error)
         if self.on_error is not None:
             try:
                 self.on_error(error)
             except Exception as second:
                 report(f"{self.where} (marking the failure)", second)
-        return True
 
 
 def report(where: str, error: BaseException) -> None:

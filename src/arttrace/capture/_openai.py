@@ -24,7 +24,7 @@ from openai.types.responses import Response
 from . import _context
 from ._calls import OpenCall, Settings
 from ._chat import Capture, as_unasked
-from ._guard import guarded
+from ._guard import Guard, guarded
 from ._responses import ResponsesCall
 from ._unwrap import mark, ours, unwrap
 
@@ -196,12 +196,11 @@ def _ended(capture: _Recorder) -> None:
         capture.end_stream()
 
 
-def _read(capture: _Recorder, reading: Any, chunk: Any) -> bool:
+def _read(capture: _Recorder, reading: Guard, chunk: Any) -> bool:
     """Record ``chunk``; whether the caller must not see it (the usage chunk arttrace asked for
     and the caller did not). ``reading`` is the stream's one guard: it runs for every chunk."""
     hidden = isinstance(capture, Capture) and capture.usage_added and _hidden(capture, chunk)
-    with reading:
-        capture.add_chunk(chunk)
+    reading.call(capture.add_chunk, chunk)
     return hidden
 
 

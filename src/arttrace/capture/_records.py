@@ -1,4 +1,9 @@
-"""The record of one LLM call, stored compactly (arrays, not one object per token)."""
+"""The record of one LLM call, stored compactly (arrays, not one object per token).
+
+A sampled token costs 8 bytes: its id as a 4-byte unsigned int and its logprob as a float32
+(:func:`compact_ids`, :func:`compact_logprobs`); each falls back to 8 bytes for a value the
+smaller form would not give back exactly, so a record never loses what the server sent.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ import itertools
 import json
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 _TOKEN_ID_PREFIX = "token_id:"
+_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Types ``json.dumps`` always takes, so :func:`jsonable` need not try them."""
 _sequence = itertools.count()
 UNREADABLE = "arttrace could not read the response"
 """The untrainable reason of a call arttrace failed to record whole (its own failure)."""
@@ -34,12 +41,48 @@ def token_count(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
+def compact_ids(ids: Sequence[int]) -> array[int]:
+    """Token ids as 4-byte unsigned ints (``array("I")``: every real vocabulary fits), or as
+    8-byte signed ones when one does not (a negative or huge id, kept as the server sent it).
+
+    Raises ``TypeError`` for what is not an int and ``OverflowError`` beyond 64 bits, as
+    ``array`` itself does."""
+    if isinstance(ids, array) and ids.typecode == "I":
+        return ids
+    try:
+        return array("I", ids)
+    except OverflowError:
+        return array("q", ids)
+
+
+def compact_logprobs(logprobs: Sequence[float]) -> array[float]:
+    """Logprobs as float32 (``array("f")``) when that gives every value back exactly, else as
+    float64: the same Python floats come back either way (``tolist()``, ``to_dict()``).
+
+    vLLM samples and computes logprobs in float32: ``Sampler.forward`` casts the logits
+    (``vllm/v1/sample/sampler.py:74``, ``logits.to(torch.float32)``),
+    ``Sampler.compute_logprobs`` is ``log_softmax(dim=-1, dtype=torch.float32)`` (:249), and
+    ``gather_logprobs`` (:252-293) keeps that dtype (vllm-project/vllm at 3e342658).
+    ``LogprobsTensors.tolists`` hands them on as float32 numpy arrays
+    (``vllm/v1/outputs.py:52-58``), the engine's ``LogprobsProcessor`` turns them into Python
+    floats with ``.tolist()`` (``vllm/v1/engine/logprobs.py``, ``_update_sample_logprobs``),
+    and the OpenAI server clamps them with ``max(logprob, -9999.0)`` (exact in float32) and
+    writes them with pydantic, as the shortest text that reads back as that same double. So
+    every logprob vLLM sends is a float32 value, and float32 keeps it exactly. A server that
+    sends other values (rounded decimals, as OpenAI's API does) gets float64."""
+    if isinstance(logprobs, array) and logprobs.typecode == "f":
+        return logprobs
+    single = array("f", logprobs)
+    same = single == logprobs if isinstance(logprobs, array) else single.tolist() == logprobs
+    return single if same else array("d", logprobs)
+
+
 def token_ids_from_tokens(tokens: list[str]) -> array[int] | None:
     """Parse vLLM's ``token_id:<int>`` logprob tokens; ``None`` if any token has another form."""
     if not all(t.startswith(_TOKEN_ID_PREFIX) for t in tokens):
         return None
     try:
-        return array("q", [int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens])
+        return compact_ids([int(t[len(_TOKEN_ID_PREFIX) :]) for t in tokens])
     except (ValueError, OverflowError):
         return None
 
@@ -52,9 +95,11 @@ class ChoiceRecord:
     message: dict[str, Any]
     finish_reason: str | None = None
     logprobs: array[float] | None = None
-    """Per-token logprobs of the sampled tokens, or ``None`` if the server sent none."""
+    """Per-token logprobs of the sampled tokens, or ``None`` if the server sent none (float32
+    when exact, see :func:`compact_logprobs`)."""
     token_ids: array[int] | None = None
-    """Sampled token ids (vLLM's ``token_ids``, else parsed from ``token_id:<int>`` tokens)."""
+    """Sampled token ids (vLLM's ``token_ids``, else parsed from ``token_id:<int>`` tokens;
+    4 bytes each when they fit, see :func:`compact_ids`)."""
     tokens: list[str] | None = None
     """Logprob token strings, kept only when they are not ``token_id:<int>``."""
     top_logprobs: list[list[dict[str, Any]]] | None = None
@@ -78,8 +123,8 @@ class ChoiceRecord:
             index=data["index"],
             message=data["message"],
             finish_reason=data.get("finish_reason"),
-            logprobs=None if logprobs is None else array("d", logprobs),
-            token_ids=None if token_ids is None else array("q", token_ids),
+            logprobs=None if logprobs is None else compact_logprobs(logprobs),
+            token_ids=None if token_ids is None else compact_ids(token_ids),
             tokens=data.get("tokens"),
             top_logprobs=data.get("top_logprobs"),
         )
@@ -193,7 +238,7 @@ class LLMCall:
         return cls(
             **fields,
             choices=[ChoiceRecord.from_dict(c) for c in data.get("choices", [])],
-            prompt_token_ids=None if prompt is None else array("q", prompt),
+            prompt_token_ids=None if prompt is None else compact_ids(prompt),
         )
 
 
@@ -204,6 +249,8 @@ def field_of(obj: Any, name: str) -> Any:
 
 def jsonable(value: Any) -> Any:
     """``value`` if it survives a JSON round trip, else its ``repr`` (for request params)."""
+    if type(value) in _JSON_SCALARS:
+        return value
     try:
         json.dumps(value)
     except (TypeError, ValueError):

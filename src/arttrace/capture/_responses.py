@@ -47,7 +47,15 @@ import orjson
 from . import _context
 from ._calls import OpenCall, Settings
 from ._guard import guarded
-from ._records import ChoiceRecord, LLMCall, jsonable, token_count, token_ids_from_tokens
+from ._records import (
+    ChoiceRecord,
+    LLMCall,
+    compact_ids,
+    compact_logprobs,
+    jsonable,
+    token_count,
+    token_ids_from_tokens,
+)
 from ._redact import UpstreamError, excerpt, remember_client
 from ._warnings import _warn_once, fix_for
 
@@ -366,7 +374,7 @@ def _exact_tokens(response: Mapping[str, Any], items: list[Mapping[str, Any]]) -
         if isinstance(part, Mapping) and isinstance(part.get("logprobs"), list)
         for entry in part["logprobs"]
     ]
-    logprobs = array("d", [float(e["logprob"]) for e in entries]) if entries else None
+    logprobs = compact_logprobs([float(e["logprob"]) for e in entries]) if entries else None
     tokens = [str(e.get("token", "")) for e in entries]
     top = [
         [
@@ -392,9 +400,9 @@ def _generation(generation: Mapping[str, Any]) -> Tokens:
     if isinstance(pairs, list) and pairs:
         if ids is None:
             ids = _ids([p.get("token_id") for p in pairs])
-        logprobs = array("d", [float(p["logprob"]) for p in pairs])
+        logprobs = compact_logprobs([float(p["logprob"]) for p in pairs])
     elif isinstance(generation.get("logprobs"), list):
-        logprobs = array("d", [float(v) for v in generation["logprobs"]])
+        logprobs = compact_logprobs([float(v) for v in generation["logprobs"]])
     return prompt, ids, logprobs, [], []
 
 
@@ -409,7 +417,7 @@ def _raw_tokens(messages: Any) -> array[int] | None:
 def _ids(raw: Any) -> array[int] | None:
     if not isinstance(raw, list):
         return None
-    return array("q", raw)  # refuses what is not a 64-bit int: the read is guarded
+    return compact_ids(raw)  # refuses what is not a 64-bit int: the read is guarded
 
 
 # -- input items and output items as chat messages -------------------------------------------

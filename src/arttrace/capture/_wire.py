@@ -4,8 +4,8 @@ HTTP-client layer below every SDK, :mod:`._http`).
 
 A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the current
 context (trajectory, ``@trainable`` scopes), so it lands in the run exactly as an SDK call
-would: the server's JSON becomes ``ChatCompletion`` / ``ChatCompletionChunk`` objects fed to
-``complete`` / ``add_chunk`` / ``end_stream``.
+would: the server's JSON, parsed with orjson and read field by field (no model object per
+chunk), is fed to ``complete_data`` / ``add_event`` / ``end_stream``.
 
 A Responses API call is a :class:`~arttrace.capture._responses.ResponsesCall`; a legacy
 Completions call a :class:`~arttrace.capture._completions.CompletionsCall` (context only).
@@ -16,8 +16,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import orjson
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import ValidationError
 
 from . import _context
 from ._calls import Settings
@@ -112,7 +110,7 @@ class _ChatCall:
             self.capture.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
             return
         with guarded("reading a Chat Completions response", self._unreadable):
-            self.capture.complete(ChatCompletion.model_validate_json(data))
+            self.capture.complete_data(orjson.loads(data))
 
     def event(self, data: bytes) -> None:
         if self.done:
@@ -121,22 +119,15 @@ class _ChatCall:
             self.ended()
             return
         with self._reading:  # one guard per stream: it runs for every event
-            try:
-                chunk = ChatCompletionChunk.model_validate_json(data)
-            except ValidationError:
-                event = orjson.loads(data)
-                if isinstance(event, dict) and "error" in event:  # vLLM's error in a stream
-                    self.failed(
-                        UpstreamError(f"the server sent {excerpt(data)}"),
-                        partial=True,
-                    )
-                    return
-                raise
-            self.capture.add_chunk(chunk)
-            for choice in chunk.choices:
-                if choice.finish_reason:
-                    self._finished.add(choice.index)
-            if chunk.usage is not None:
+            event = orjson.loads(data)  # read as plain JSON: no model built per chunk
+            if type(event) is dict and "error" in event and "choices" not in event:
+                self.failed(UpstreamError(f"the server sent {excerpt(data)}"), partial=True)
+                return  # vLLM's error in a stream
+            self.capture.add_event(event)
+            for choice in event["choices"]:  # read and checked by add_event
+                if choice.get("finish_reason"):
+                    self._finished.add(choice["index"])
+            if event.get("usage") is not None:
                 self._usage = False
             if self._answered() and not self._usage:
                 self.ended()

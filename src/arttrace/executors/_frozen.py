@@ -2,17 +2,16 @@
 
 ``Trajectory.to_dict()`` is the journal's JSON form: every token id and logprob a number in a
 list, ~7 and ~10-20 characters each once written. A rollout's tokens dominate its size, so the
-frozen form keeps them as packed arrays instead: token ids as 4-byte unsigned ints (8-byte
-when one does not fit), logprobs as the float64 array they were captured in (lossless), all
-in one pickle (protocol 5) of the trajectory's dict. :func:`thaw` gives back a ``Trajectory``
-whose ``to_dict()`` equals the worker's.
+frozen form keeps them as the packed arrays the record holds (token ids in 4 bytes, logprobs
+in float32 when that is exact, see ``capture._records.compact_ids`` / ``compact_logprobs``),
+all in one pickle (protocol 5) of the trajectory's dict. :func:`thaw` gives back a
+``Trajectory`` whose ``to_dict()`` equals the worker's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
-from array import array
 from typing import Any
 
 from ..capture._records import ChoiceRecord, LLMCall
@@ -53,22 +52,9 @@ def thaw(blob: bytes) -> Trajectory:
 
 def _call(call: LLMCall) -> dict[str, Any]:
     out = {name: getattr(call, name) for name in _CALL_FIELDS}
-    out["prompt_token_ids"] = _ids(call.prompt_token_ids)
     out["choices"] = [_choice(choice) for choice in call.choices]
     return out
 
 
 def _choice(choice: ChoiceRecord) -> dict[str, Any]:
-    out = {name: getattr(choice, name) for name in _CHOICE_FIELDS}
-    out["token_ids"] = _ids(choice.token_ids)
-    return out
-
-
-def _ids(ids: array[int] | None) -> array[int] | None:
-    """Token ids in 4 bytes each when they fit (every real vocabulary does)."""
-    if ids is None:
-        return None
-    try:
-        return array("I", ids)
-    except OverflowError:  # a negative or huge id: kept as captured
-        return ids
+    return {name: getattr(choice, name) for name in _CHOICE_FIELDS}
