@@ -345,6 +345,8 @@ def test_the_agents_sdk_default_model_trains_every_turn(mode, stream, gateway, u
     assert answer == asyncio.run(agent_run(native.base_url, stream=stream)) == "The sum is 4.0."
     trains_exactly(t, llm, 3)
     assert t.calls[-1].messages[-1]["role"] == "tool"
+    if mode == "in-process":  # named by the Agents SDK's hook, as the shim's records are
+        assert [(c.framework, c.step) for c in t.calls] == [("openai_agents", "adder")] * 3
 
 
 # -- the anthropic SDK (Messages), in-process ------------------------------------------------

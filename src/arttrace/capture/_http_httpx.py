@@ -160,8 +160,22 @@ def _chat(
         if opened is not None:
             exchange, sent = opened
             body = sent if sent is not None else body
+            if _inprocess.aside.get():
+                _named(exchange)
     args, kwargs = _args(translated.chat_request(body), args, kwargs)
     return exchange, args, kwargs
+
+
+def _named(exchange: Exchange) -> None:
+    """A call the SDK shim stood aside for is named as the shim names its calls (a framework
+    hook, such as the OpenAI Agents SDK's, names its agent and step)."""
+    shim = sys.modules.get("arttrace.capture._openai")
+    call = getattr(exchange.recorder, "capture", None)
+    if shim is None or call is None:
+        return
+    for namer in shim._namers:
+        with guarded("naming a call", call.lost):
+            namer(call)
 
 
 def _send_translated(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
