@@ -425,6 +425,25 @@ def test_sampled_text_retokenised_to_other_ids_is_a_retokenized_break(qwen2: Any
     assert run_continuity(t).sequences == 2 == art_sequences(qwen2, t)[0]
 
 
+def test_the_models_tokenizer_on_this_machine_decides_without_being_given(
+    qwen2: Any, tmp_path: Path
+) -> None:
+    """A run whose model names a local tokenizer folder (as vLLM serves a local model): the
+    check finds and loads it offline (the viewer's lookup) and compares texts."""
+    folder = tmp_path / "qwen2.5"
+    folder.mkdir()
+    qwen2.backend_tokenizer.save(str(folder / "tokenizer.json"))
+    run = Run(qwen2)
+    history = [user("Greet me.")]
+    sampled = [32713, 385, 1879, 151645]  # "Hel", "lo", " world", "<|im_end|>"
+    assert qwen2.decode(sampled) == "Hello world<|im_end|>"
+    history.append(run.turn(history, assistant("Hello world"), sampled=sampled, model=str(folder)))
+    history.append(user("Again."))
+    run.turn(history, assistant("Hello world"), model=str(folder))
+    t = run.trajectory()
+    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("retokenized", "text")]
+
+
 def test_a_changed_earlier_message_is_an_other_break(qwen2: Any) -> None:
     """The agent sends the first question back without its trailing newline: the same
     conversation to arttrace (whitespace aside), other ids before any assistant turn."""
