@@ -8,8 +8,10 @@ trainable turn with the exact tokens the server sent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -474,3 +476,28 @@ def test_a_run_opened_over_http_chooses_translation(upstream, tmp_path):
         refused.status_code == 400
         and "translate" in json.loads(refused.content)["error"]["message"]
     )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_stream_the_upstream_cuts_ends_for_the_caller_and_is_not_trained(mode):
+    """Through the gateway, the Responses stream ends with the protocol's ``error`` event; in
+    process, the caller's read fails as the upstream's did. The call is kept as partial."""
+    llm = KeptLLM(respond, cut_stream_after=4)
+    with serve(llm) as server, at.Gateway(server.base_url, translate="responses") as gateway:
+
+        def body(url: str) -> list[Any]:
+            events: list[Any] = []
+            with pytest.raises(Exception) if mode == "in-process" else contextlib.nullcontext():
+                for event in client(url).responses.create(model="policy", input="Hi", stream=True):
+                    events.append(event)
+            return events
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", at.NothingToTrainWarning)  # the run has no turn
+            t, events = in_run(mode, gateway, server, body)
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
+    assert "response.completed" not in [e.type for e in events]
+    if mode == "gateway":
+        assert events[-1].type == "error" and "cut" in events[-1].message
+    (call,) = t.calls
+    assert call.partial and t.trainable_turns == 0
