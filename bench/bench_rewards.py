@@ -26,7 +26,9 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,11 +73,15 @@ def judge(delay: float, request: dict[str, Any]) -> Reply:
     time.sleep(delay)
     ids = re.search(r"each of these run ids: ([\d, ]+)\.", request["messages"][0]["content"])
     assert ids
+    return Reply(judge_answer(ids[1].split(", ")))
+
+
+def judge_answer(ids: list[str]) -> str:
     scores = [
         {"run_id": i, "explanation": "Reached the goal in two steps.", "score": int(i) / 10}
-        for i in ids[1].split(", ")
+        for i in ids
     ]
-    return Reply(json.dumps({"scores": scores}))
+    return json.dumps({"scores": scores})
 
 
 def run_server(kind: str, delay: float, port: Any) -> None:
@@ -87,11 +93,15 @@ def run_server(kind: str, delay: float, port: Any) -> None:
             time.sleep(3600)
 
 
+_servers: list[multiprocessing.Process] = []
+
+
 def start(kind: str, delay: float) -> tuple[multiprocessing.Process, str]:
     context = multiprocessing.get_context("spawn")
     port = context.Queue()
     process = context.Process(target=run_server, args=(kind, delay, port), daemon=True)
     process.start()
+    _servers.append(process)
     return process, port.get(timeout=120)
 
 
@@ -164,7 +174,7 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
             await t.step()
         walls: dict[str, list[float]] = {name: [] for name in arms}
         cpus: dict[str, list[float]] = {name: [] for name in arms}
-        judged: dict[str, dict[str, float]] = {}
+        judged: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
         for r in range(rounds):
             order = list(arms)[r % len(arms) :] + list(arms)[: r % len(arms)]
             for name in order:
@@ -172,7 +182,9 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
                 result = await arms[name].step()
                 walls[name].append(time.perf_counter() - wall)
                 cpus[name].append(time.process_time() - cpu)
-                judged[name] = result.metrics
+                judged[name].append(result.metrics)
+        render_us, parse_us = judge_cpu(arms["ruler 0 ms"], judges["ruler 0 ms"])
+        call_us, call_wall = await judged_group_cpu(arms["ruler 0 ms"], judges["ruler 0 ms"])
         for j in judges.values():
             await j.aclose()
         if agent.client is not None:
@@ -181,17 +193,74 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
     base_wall, base_cpu = statistics.median(walls["none"]), statistics.median(cpus["none"])
     print(
         f"{'arm':<14}{'wall s':>9}{'x none':>8}{'+wall s':>9}{'cpu s':>8}{'x none':>8}"
-        f"{'+cpu ms':>9}{'judge prompt tok':>18}{'compl tok':>11}{'calls':>7}"
+        f"{'+cpu ms':>9}{'call s':>8}{'prompt tok':>12}{'compl tok':>11}{'calls':>7}"
     )
     for name in arms:
         wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
-        m = judged[name]
+        m = judged[name][-1]
+        call = (
+            statistics.median(
+                x["judge_seconds"] / x["judge_calls"] for x in judged[name] if x.get("judge_calls")
+            )
+            if m.get("judge_calls")
+            else 0.0
+        )
         print(
             f"{name:<14}{wall:>9.3f}{wall / base_wall:>8.2f}{wall - base_wall:>9.3f}"
-            f"{cpu:>8.3f}{cpu / base_cpu:>8.2f}{(cpu - base_cpu) * 1000:>9.1f}"
-            f"{m.get('judge_prompt_tokens', 0):>18.0f}{m.get('judge_completion_tokens', 0):>11.0f}"
+            f"{cpu:>8.3f}{cpu / base_cpu:>8.2f}{(cpu - base_cpu) * 1000:>9.1f}{call:>8.3f}"
+            f"{m.get('judge_prompt_tokens', 0):>12.0f}{m.get('judge_completion_tokens', 0):>11.0f}"
             f"{m.get('judge_calls', 0):>7.0f}"
         )
+    print(
+        f"the judge's work in this process, per group of {GROUP_SIZE} runs: rendering the "
+        f"prompt {render_us:.0f} us CPU, parsing and checking the answer {parse_us:.0f} us CPU; "
+        f"a whole judge call (0 ms judge, {GROUPS} at once, as a step makes them) "
+        f"{call_us:.0f} us CPU per group, {call_wall * 1000:.0f} ms wall per {GROUPS}"
+    )
+
+
+async def judged_group_cpu(
+    trainer: at.Trainer[Any], judge: Any, rounds: int = 20
+) -> tuple[float, float]:
+    """This process's CPU microseconds per judged group for whole judge calls (render, the
+    OpenAI client's request and response, parse and check), ``GROUPS`` calls at once as a
+    step makes them, and the median wall seconds of each batch of ``GROUPS``."""
+    runs = trainer.journal.finished(0)
+    group = at.Group(
+        "q-0", None, 0, tuple(at.GroupRun(k, runs[(0, k)], 0.0) for k in range(GROUP_SIZE))
+    )
+    walls = []
+    started = time.process_time()
+    for _ in range(rounds):
+        wall = time.perf_counter()
+        await asyncio.gather(*(judge(group) for _ in range(GROUPS)))
+        walls.append(time.perf_counter() - wall)
+    cpu = (time.process_time() - started) / (rounds * GROUPS) * 1e6
+    return cpu, statistics.median(walls)
+
+
+def judge_cpu(trainer: at.Trainer[Any], judge: Any, n: int = 100) -> tuple[float, float]:
+    """CPU microseconds per group to render a journaled group's prompt, and to parse and check
+    a judge's answer to it (the rest of a judge's cost is its server's)."""
+    from arttrace.rewards._ruler import parse_scores
+
+    runs = trainer.journal.finished(0)
+    group = at.Group(
+        "q-0",
+        None,
+        0,
+        tuple(at.GroupRun(k, runs[(0, k)], 0.0) for k in range(GROUP_SIZE)),
+    )
+    ids = [str(i) for i in range(1, GROUP_SIZE + 1)]
+    answer = judge_answer(ids)
+    started = time.process_time()
+    for _ in range(n):
+        judge.messages(group)
+    render = (time.process_time() - started) / n * 1e6
+    started = time.process_time()
+    for _ in range(n):
+        parse_scores(answer, ids)
+    return render, (time.process_time() - started) / n * 1e6
 
 
 def main() -> None:
@@ -199,6 +268,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--policy-ms", default="0,100", help="policy delays per call, ms")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: stop the servers too
+    try:
+        run(args)
+    finally:
+        for process in _servers:
+            process.terminate()
+
+
+def run(args: argparse.Namespace) -> None:
     at.instrument()
     judges = {
         name: start("judge", ms / 1000)[1]
