@@ -501,3 +501,12 @@ def test_a_stream_the_upstream_cuts_ends_for_the_caller_and_is_not_trained(mode)
         assert events[-1].type == "error" and "cut" in events[-1].message
     (call,) = t.calls
     assert call.partial and t.trainable_turns == 0
+
+
+def test_the_gateway_command_refuses_an_unknown_protocol_in_one_line(capsys):
+    from arttrace.app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["gateway", "--upstream", "http://127.0.0.1:1/v1", "--translate", "chat"])
+    assert exited.value.code == 2
+    assert "--translate: must be responses or messages or both" in capsys.readouterr().err
