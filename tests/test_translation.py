@@ -51,6 +51,8 @@ def respond(request: dict[str, Any]) -> Reply:
     user = next(m["content"] for m in messages if m["role"] == "user")
     if user == "fail":
         raise ScriptExhausted("the scripted server failed on purpose")
+    if user == "Think.":
+        return Reply("Done.", reasoning="Two and two make four.")
     results = [m for m in messages if m["role"] == "tool"]
     if request.get("tools") and len(results) < 2:
         n = len(results)
@@ -196,7 +198,8 @@ def test_a_whole_response_matches_the_native_one_and_trains(mode, gateway, upstr
         c = client(url)
         called = c.responses.create(model="policy", input="Add 1 and 2.", tools=[ADD])
         said = c.responses.create(model="policy", input="Hello", instructions="Be brief.")
-        return [called, said]
+        thought = c.responses.create(model="policy", input="Think.")
+        return [called, said, thought]
 
     with warnings_are_errors():
         t, got = in_run(mode, gateway, server, body)
@@ -204,7 +207,8 @@ def test_a_whole_response_matches_the_native_one_and_trains(mode, gateway, upstr
     assert [response_view(r) for r in got] == [response_view(r) for r in expected]
     assert got[0].output[1].call_id == "call_0" and got[1].output_text == "You said: Hello"
     assert got[0].id != got[1].id and got[0].id.startswith("resp_")
-    trains_exactly(t, llm, 2)
+    assert [o.type for o in got[2].output] == ["reasoning", "message"]
+    trains_exactly(t, llm, 3)
     assert t.calls[1].messages[0] == {"role": "system", "content": "Be brief."}
 
 
@@ -212,9 +216,12 @@ def test_a_whole_response_matches_the_native_one_and_trains(mode, gateway, upstr
 def test_a_stream_sends_the_native_events_in_order_and_trains(mode, gateway, upstream, native):
     server, llm = upstream
 
-    def body(url: str) -> tuple[list[Any], Any]:
+    def body(url: str) -> tuple[list[list[Any]], Any]:
         c = client(url)
-        events = list(c.responses.create(model="policy", input="Add.", tools=[ADD], stream=True))
+        events = [
+            list(c.responses.create(model="policy", input="Add.", tools=[ADD], stream=True)),
+            list(c.responses.create(model="policy", input="Think.", stream=True)),
+        ]
         with c.responses.stream(model="policy", input="Hi") as stream:  # the SDK's helper
             for _ in stream:
                 pass
@@ -224,18 +231,20 @@ def test_a_stream_sends_the_native_events_in_order_and_trains(mode, gateway, ups
     with warnings_are_errors():
         t, (events, final) = in_run(mode, gateway, server, body)
     expected, expected_final = body(native.base_url)
-    assert events_view(events) == events_view(expected)
-    assert [e.type for e in events][:4] == [
+    assert [events_view(e) for e in events] == [events_view(e) for e in expected]
+    assert [e.type for e in events[0]][:4] == [
         "response.created",
         "response.in_progress",
         "response.output_item.added",
         "response.content_part.added",
     ]
-    assert "response.function_call_arguments.delta" in [e.type for e in events]
-    assert events[-1].type == "response.completed"
+    called, thought = ([e.type for e in stream] for stream in events)
+    assert "response.function_call_arguments.delta" in called
+    assert "response.reasoning_text.delta" in thought
+    assert called[-1] == thought[-1] == "response.completed"
     assert response_view(final) == response_view(expected_final)
     assert final.output_text == "You said: Hi"
-    trains_exactly(t, llm, 2)
+    trains_exactly(t, llm, 3)
     assert all(c.streamed for c in t.calls)
 
 
