@@ -22,6 +22,8 @@ import openai
 import pytest
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.models.openai_provider import OpenAIProvider
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 import arttrace as at
 from arttrace.capture import _warnings
@@ -42,6 +44,7 @@ ADD = {
     },
 }
 MODES = ["gateway", "in-process"]
+STRICT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def respond(request: dict[str, Any]) -> Reply:
@@ -146,8 +149,12 @@ def item_view(item: Any) -> dict[str, Any]:
     return view
 
 
-def response_view(response: Any) -> dict[str, Any]:
-    d = response if isinstance(response, dict) else response.model_dump(exclude_none=True)
+def response_view(response: Any, strict: bool = False) -> dict[str, Any]:
+    """The key fields of a Response; ``strict``: a translated one, checked against the SDK's
+    type (which the SDK itself reads leniently)."""
+    if strict:
+        Response.model_validate(response.model_dump())
+    d = response.model_dump(exclude_none=True)
     usage = d.get("usage") or {}
     return {
         "object": d["object"],
@@ -161,12 +168,15 @@ def response_view(response: Any) -> dict[str, Any]:
     }
 
 
-def events_view(events: list[Any]) -> list[tuple[Any, ...]]:
+def events_view(events: list[Any], strict: bool = False) -> list[tuple[Any, ...]]:
     """Each event's type and key fields, in order; the sequence numbers must count from 0 and
-    each event's ``item_id`` must be the id of the item added at its ``output_index``."""
+    each event's ``item_id`` must be the id of the item added at its ``output_index``;
+    ``strict``: translated events, checked against the SDK's types."""
     ids: dict[int, str] = {}
     view: list[tuple[Any, ...]] = []
     for number, event in enumerate(events):
+        if strict:
+            STRICT.validate_python(event.model_dump())
         d = event.model_dump(exclude_none=True)
         assert d["sequence_number"] == number
         if d["type"] == "response.output_item.added":
@@ -182,7 +192,7 @@ def events_view(events: list[Any]) -> list[tuple[Any, ...]]:
         if "part" in d:
             fields += (("part", d["part"]["type"], d["part"].get("text")),)
         if "response" in d:
-            fields += (("response", response_view(d["response"])),)
+            fields += (("response", response_view(event.response, strict)),)
         view.append(fields)
     return view
 
@@ -204,7 +214,7 @@ def test_a_whole_response_matches_the_native_one_and_trains(mode, gateway, upstr
     with warnings_are_errors():
         t, got = in_run(mode, gateway, server, body)
     expected = body(native.base_url)
-    assert [response_view(r) for r in got] == [response_view(r) for r in expected]
+    assert [response_view(r, strict=True) for r in got] == [response_view(r) for r in expected]
     assert got[0].output[1].call_id == "call_0" and got[1].output_text == "You said: Hello"
     assert got[0].id != got[1].id and got[0].id.startswith("resp_")
     assert [o.type for o in got[2].output] == ["reasoning", "message"]
@@ -231,7 +241,7 @@ def test_a_stream_sends_the_native_events_in_order_and_trains(mode, gateway, ups
     with warnings_are_errors():
         t, (events, final) = in_run(mode, gateway, server, body)
     expected, expected_final = body(native.base_url)
-    assert [events_view(e) for e in events] == [events_view(e) for e in expected]
+    assert [events_view(e, strict=True) for e in events] == [events_view(e) for e in expected]
     assert [e.type for e in events[0]][:4] == [
         "response.created",
         "response.in_progress",
@@ -242,7 +252,7 @@ def test_a_stream_sends_the_native_events_in_order_and_trains(mode, gateway, ups
     assert "response.function_call_arguments.delta" in called
     assert "response.reasoning_text.delta" in thought
     assert called[-1] == thought[-1] == "response.completed"
-    assert response_view(final) == response_view(expected_final)
+    assert response_view(final, strict=True) == response_view(expected_final)
     assert final.output_text == "You said: Hi"
     trains_exactly(t, llm, 3)
     assert all(c.streamed for c in t.calls)
@@ -281,7 +291,9 @@ def test_a_three_turn_tool_loop_trains_every_turn_chained_or_replayed(
         replayed, _ = in_run(mode, gateway, server, lambda u: tool_loop(u, chain=False))
         trains_exactly(replayed, llm, 3)
     expected = tool_loop(native.base_url, chain=True)
-    assert [response_view(r) for r in chained_answers] == [response_view(r) for r in expected]
+    assert [response_view(r, strict=True) for r in chained_answers] == [
+        response_view(r) for r in expected
+    ]
     assert chained_answers[-1].output_text == "The sum is 3."
     # arttrace's chain sends the upstream the whole conversation: the same prompts as a replay
     assert [c.prompt_token_ids.tolist() for c in chained.calls] == [
