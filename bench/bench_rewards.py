@@ -174,6 +174,9 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
             await t.step()
         walls: dict[str, list[float]] = {name: [] for name in arms}
         cpus: dict[str, list[float]] = {name: [] for name in arms}
+        tails: dict[str, list[float]] = {name: [] for name in arms}
+        """From the step's last run ending to the step returning: judging's place on the
+        critical path, without the rollouts' noise."""
         judged: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
         for r in range(rounds):
             order = list(arms)[r % len(arms) :] + list(arms)[: r % len(arms)]
@@ -182,6 +185,9 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
                 result = await arms[name].step()
                 walls[name].append(time.perf_counter() - wall)
                 cpus[name].append(time.process_time() - cpu)
+                ended = time.time()
+                runs = arms[name].journal.finished(result.step).values()
+                tails[name].append(ended - max(t.ended_at or 0.0 for t in runs))
                 judged[name].append(result.metrics)
         render_us, parse_us = judge_cpu(arms["ruler 0 ms"], judges["ruler 0 ms"])
         call_us, call_wall = await judged_group_cpu(arms["ruler 0 ms"], judges["ruler 0 ms"])
@@ -193,8 +199,10 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
     base_wall, base_cpu = statistics.median(walls["none"]), statistics.median(cpus["none"])
     print(
         f"{'arm':<14}{'wall s':>9}{'x none':>8}{'+wall s':>9}{'cpu s':>8}{'x none':>8}"
-        f"{'+cpu ms':>9}{'call s':>8}{'prompt tok':>12}{'compl tok':>11}{'calls':>7}"
+        f"{'+cpu ms':>9}{'tail s':>8}{'+tail s':>9}{'call s':>8}{'prompt tok':>12}"
+        f"{'compl tok':>11}{'calls':>7}"
     )
+    base_tail = statistics.median(tails["none"])
     for name in arms:
         wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
         m = judged[name][-1]
@@ -207,7 +215,9 @@ async def measure(rounds: int, policy_ms: float, judge_urls: dict[str, str]) -> 
         )
         print(
             f"{name:<14}{wall:>9.3f}{wall / base_wall:>8.2f}{wall - base_wall:>9.3f}"
-            f"{cpu:>8.3f}{cpu / base_cpu:>8.2f}{(cpu - base_cpu) * 1000:>9.1f}{call:>8.3f}"
+            f"{cpu:>8.3f}{cpu / base_cpu:>8.2f}{(cpu - base_cpu) * 1000:>9.1f}"
+            f"{statistics.median(tails[name]):>8.3f}"
+            f"{statistics.median(tails[name]) - base_tail:>9.3f}{call:>8.3f}"
             f"{m.get('judge_prompt_tokens', 0):>12.0f}{m.get('judge_completion_tokens', 0):>11.0f}"
             f"{m.get('judge_calls', 0):>7.0f}"
         )
