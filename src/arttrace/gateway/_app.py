@@ -32,7 +32,9 @@ from ._translate import refused, translated
 
 _RECORDED = ("chat/completions", "responses", "completions")
 _UNRECORDED = {
-    "messages": "the Anthropic Messages API (/v1/messages), whose answers carry no token ids"
+    "messages": "the Anthropic Messages API (/v1/messages), whose answers carry no token ids "
+    "(translated, its turns train: `arttrace gateway --translate messages`, "
+    "Gateway(translate='messages') or per run; docs/translation.md)"
 }
 """Forwarded, but not recorded: a call to one says so (once). vLLM's Messages API has no field
 for logprobs or token ids (vllm/entrypoints/anthropic/protocol.py), so its turns cannot train."""
