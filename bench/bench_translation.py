@@ -22,7 +22,8 @@ call. The arms take turns, one call at a time, in a rotating order:
 Reported: time to first byte and last byte, p50 and p99, streamed and whole, per arm, and
 each translated arm's added latency over ``chat``; then the gateway process's CPU per call
 (``time.process_time`` over a block of calls of one arm; the caller and the upstream are other
-processes), and its ratio to ``chat``'s. Every call must be one trainable turn in its run: a
+processes), and its ratio to ``chat``'s; last, the translators alone (a stream's chunks parsed
+and translated, no I/O). Every call must be one trainable turn in its run: a
 call that is not is counted as failed. It prints figures and exits 0; a benchmark, not a test.
 """
 
@@ -226,6 +227,48 @@ def cpu(bench: Bench, calls: int) -> None:
         )
 
 
+def translators(rounds: int) -> None:
+    """The translators alone: a 64-token stream's chunks (as the scripted vLLM sends them,
+    logprobs and token ids included) parsed and translated, CPU time."""
+    import orjson
+
+    from arttrace.testing import ScriptedLLM
+    from arttrace.translation import Chains, ResponsesTranslation
+    from arttrace.translation._messages import MessagesTranslation
+
+    llm = ScriptedLLM(lambda request: CONTENT)
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "Hi"}],
+        **{"stream": True, "stream_options": {"include_usage": True}},
+        **{"logprobs": True, "return_token_ids": True},
+    }
+    _, _, chunks = llm.respond(body)
+    assert chunks is not None
+    datas = [c.removeprefix(b"data: ").strip() for c in chunks]
+    datas = [d for d in datas if d and d != b"[DONE]"]
+    made = {
+        "responses": lambda: ResponsesTranslation(
+            {"model": "policy", "input": "Hi", "stream": True}, Chains(8)
+        ),
+        "messages": lambda: MessagesTranslation(
+            {"model": "policy", "max_tokens": 256, "messages": body["messages"], "stream": True}
+        ),
+    }
+    print(f"\nthe translators alone, a {len(datas)}-chunk stream, CPU; {load()}")
+    for api, make in made.items():
+        started = time.process_time()
+        for _ in range(rounds):
+            t = make()
+            out = t.start()
+            for data in datas:
+                out += t.chunk(orjson.loads(data))
+            out += t.end()
+        per_call = (time.process_time() - started) / rounds
+        per_chunk = per_call / len(datas) * 1e6
+        print(f"  {api:10} {per_call * 1e3:.3f} ms per stream, {per_chunk:.1f} µs per chunk")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--caller", action="store_true", help=argparse.SUPPRESS)
@@ -255,6 +298,7 @@ def main() -> None:
         latency(bench, calls, stream=True)
         latency(bench, calls // 2, stream=False)
         cpu(bench, calls // 3)
+        translators(200 if args.quick else 1000)
     finally:
         bench.stop()
         upstream.stdin.close()
