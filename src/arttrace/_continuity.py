@@ -264,8 +264,8 @@ FIXES: dict[Cause, str] = {
         "sampled: serve the model with a template that keeps each assistant turn as sampled "
         "(Qwen3 and other reasoning models: keep the reasoning of earlier turns, as ART's own "
         "server does with preserve_thinking, and send the reasoning back with the assistant "
-        "message; tool calls: a template that writes the arguments string as sampled, and an "
-        "agent that sends it back unchanged)."
+        "message; tool calls: vLLM re-serialises their arguments as JSON with spaces, so "
+        "serve with ART's server, which keeps the sampled ids of earlier turns)."
     ),
     "retokenized": (
         "The server re-tokenised an earlier assistant turn's text into other ids than it "
