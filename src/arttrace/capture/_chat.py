@@ -169,7 +169,9 @@ class Capture(OpenCall):
             )
         if call.prompt_token_ids is None and "prompt_token_ids" in event:
             call.prompt_token_ids = _ids(event["prompt_token_ids"], "prompt_token_ids")
-        choices = _list(event.get("choices"), "choices")
+        choices = event.get("choices")
+        if type(choices) is not list:
+            choices = _list(choices, "choices")  # raises
         usage = event.get("usage")
         if usage is not None:
             self._add_usage(usage, final=not choices)
@@ -191,7 +193,9 @@ class Capture(OpenCall):
         extra = chunk.__pydantic_extra__
         if extra and call.prompt_token_ids is None and "prompt_token_ids" in extra:
             call.prompt_token_ids = _ids(extra["prompt_token_ids"], "prompt_token_ids")
-        choices = _list(chunk.choices, "choices")
+        choices = chunk.choices
+        if type(choices) is not list:
+            choices = _list(choices, "choices")  # raises
         if chunk.usage is not None:
             self._add_usage(chunk.usage, final=not choices)
         for choice in choices:
@@ -347,7 +351,7 @@ class _StreamedChoice:
         delta = choice.delta
         content, refusal = delta.content, delta.refusal
         if content:
-            self.content.append(_str(content, "content") or "")
+            self.content.append(content if type(content) is str else _str(content, "content") or "")
         if refusal:
             self.refusal.append(_str(refusal, "refusal") or "")
         if delta.__pydantic_extra__:
@@ -364,9 +368,12 @@ class _StreamedChoice:
                 self.token_ids = array("q")
             self.token_ids.extend(ids if type(ids) is list else _ids(ids, "token_ids") or ())
         logprobs = choice.logprobs
-        if logprobs is not None and logprobs.content is not None:
+        entries = None if logprobs is None else logprobs.content
+        if entries is not None:
             self.saw_logprobs = True
-            for token in _list(logprobs.content, "logprobs.content"):
+            if type(entries) is not list:
+                entries = _list(entries, "logprobs.content")  # raises
+            for token in entries:
                 logprob = token.logprob
                 self.logprobs.append(logprob if type(logprob) is float else _logprob(token))
                 if not ids:  # the token strings matter only when the ids are not sent
@@ -383,7 +390,7 @@ class _StreamedChoice:
             raise Unreadable(f"a choice delta is {type(delta).__name__}, not an object")
         content, refusal = delta.get("content"), delta.get("refusal")
         if content:
-            self.content.append(_str(content, "content") or "")
+            self.content.append(content if type(content) is str else _str(content, "content") or "")
         if refusal:
             self.refusal.append(_str(refusal, "refusal") or "")
         if "reasoning" in delta or "reasoning_content" in delta:
@@ -401,10 +408,12 @@ class _StreamedChoice:
             self.token_ids.extend(ids if type(ids) is list else _ids(ids, "token_ids") or ())
         logprobs = choice.get("logprobs")
         if logprobs is not None:
-            entries = _content(logprobs)
+            entries = logprobs.get("content") if type(logprobs) is dict else _content(logprobs)
             if entries is not None:
                 self.saw_logprobs = True
-                for token in _list(entries, "logprobs.content"):
+                if type(entries) is not list:
+                    entries = _list(entries, "logprobs.content")  # raises
+                for token in entries:
                     logprob = token.get("logprob") if type(token) is dict else None
                     self.logprobs.append(logprob if type(logprob) is float else _logprob(token))
                     if not ids:  # the token strings matter only when the ids are not sent

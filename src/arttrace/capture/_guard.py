@@ -45,7 +45,7 @@ class Guard:
         try:
             fn(arg)
         except Exception as error:
-            self._failed(error)
+            self.failed(error)
 
     def __exit__(
         self,
@@ -55,10 +55,11 @@ class Guard:
     ) -> bool:
         if not isinstance(error, Exception):
             return False  # no error, or one that is not ours to stop (KeyboardInterrupt, ...)
-        self._failed(error)
+        self.failed(error)
         return True
 
-    def _failed(self, error: Exception) -> None:
+    def failed(self, error: Exception) -> None:
+        """What the guard does with ``error`` raised in its block: log it, mark what failed."""
         report(self.where, error)
         if self.on_error is not None:
             try:

@@ -196,12 +196,27 @@ def _ended(capture: _Recorder) -> None:
         capture.end_stream()
 
 
-def _read(capture: _Recorder, reading: Guard, chunk: Any) -> bool:
-    """Record ``chunk``; whether the caller must not see it (the usage chunk arttrace asked for
-    and the caller did not). ``reading`` is the stream's one guard: it runs for every chunk."""
-    hidden = isinstance(capture, Capture) and capture.usage_added and _hidden(capture, chunk)
-    reading.call(capture.add_chunk, chunk)
-    return hidden
+class _Reader:
+    """A stream's chunk reader: called with each chunk, it records it (under the stream's one
+    guard) and says whether the caller must not see it (the usage chunk arttrace asked for and
+    the caller did not). Everything it needs is bound once: it runs for every chunk."""
+
+    __slots__ = ("add", "chat", "guard")
+
+    def __init__(self, capture: _Recorder) -> None:
+        self.add = capture.add_chunk
+        self.chat = capture if isinstance(capture, Capture) else None
+        """A Chat Completions capture: one that may have asked for a usage chunk to hide."""
+        self.guard: Guard = guarded("reading a stream chunk", capture.lost)
+
+    def __call__(self, chunk: Any) -> bool:
+        chat = self.chat
+        hidden = chat is not None and chat.usage_added and _hidden(chat, chunk)
+        try:
+            self.add(chunk)
+        except Exception as error:
+            self.guard.failed(error)
+        return hidden
 
 
 def _hidden(capture: Capture, chunk: Any) -> bool:
@@ -226,22 +241,24 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     def __init__(self, stream: openai.Stream[Any], capture: _Recorder) -> None:
         super().__init__(stream)
         self._self_capture = capture
-        self._self_reading = guarded("reading a stream chunk", capture.lost)
+        self._self_next = stream.__next__
+        self._self_read = _Reader(capture)
 
     def __iter__(self) -> _Stream:
         return self
 
     def __next__(self) -> Any:
+        next_chunk, read = self._self_next, self._self_read
         while True:
             try:
-                chunk = self.__wrapped__.__next__()
+                chunk = next_chunk()
             except StopIteration:
                 _ended(self._self_capture)
                 raise
             except Exception as error:
                 _failed(self._self_capture, error, partial=True)
                 raise
-            if not _read(self._self_capture, self._self_reading, chunk):
+            if not read(chunk):
                 return chunk
 
     def __enter__(self) -> _Stream:
@@ -267,22 +284,24 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     def __init__(self, stream: openai.AsyncStream[Any], capture: _Recorder) -> None:
         super().__init__(stream)
         self._self_capture = capture
-        self._self_reading = guarded("reading a stream chunk", capture.lost)
+        self._self_next = stream.__anext__
+        self._self_read = _Reader(capture)
 
     def __aiter__(self) -> _AsyncStream:
         return self
 
     async def __anext__(self) -> Any:
+        next_chunk, read = self._self_next, self._self_read
         while True:
             try:
-                chunk = await self.__wrapped__.__anext__()
+                chunk = await next_chunk()
             except StopAsyncIteration:
                 _ended(self._self_capture)
                 raise
             except Exception as error:
                 _failed(self._self_capture, error, partial=True)
                 raise
-            if not _read(self._self_capture, self._self_reading, chunk):
+            if not read(chunk):
                 return chunk
 
     async def __aenter__(self) -> _AsyncStream:
