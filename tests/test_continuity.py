@@ -483,6 +483,28 @@ def test_sub_agents_are_their_own_conversations_and_turns_without_ids_are_unknow
     assert art_sequences(qwen2, t) == [2]
 
 
+def test_a_branch_of_n_2_is_its_own_sequence_as_in_art(qwen2: Any) -> None:
+    """With ``n=2`` the second choice branches off (an additional history whose shared prefix
+    is context): its prompt is the first choice's, not an extension of what came before."""
+    run = Run(qwen2)
+    history = [user("Name a colour.")]
+    first = run.turn(history, assistant("Red."))
+    call = run.calls[-1]
+    other = [*qwen2.encode("Blue.", add_special_tokens=False), 151645]
+    call.choices.append(
+        ChoiceRecord(
+            1, assistant("Blue."), "stop", array("d", [-0.5] * len(other)), array("q", other)
+        )
+    )
+    history += [first, user("Another?")]
+    run.turn(history, assistant("Green."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert len(t.conversations()) == 2 and found.boundaries == 1 and found.breaks == ()
+    assert found.sequences == 2 == found.conversations
+    assert art_sequences(qwen2, t) == [2]
+
+
 # -- a step -------------------------------------------------------------------------------------
 
 
