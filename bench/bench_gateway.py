@@ -485,15 +485,10 @@ async def throughput(args: argparse.Namespace) -> None:
             for pace, (_, upstream) in upstreams.items():
                 with tempfile.TemporaryDirectory() as out:
                     command = ["gateway", "--upstream", upstream, "--port", "0", "--out", out]
+                    if workers > 1:  # (a gateway before 0.2 has no --workers)
+                        command += ["--workers", f"{workers}"]
                     gateway = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "arttrace.app.cli",
-                            *command,
-                            "--workers",
-                            f"{workers}",
-                        ],
+                        [sys.executable, "-m", "arttrace.app.cli", *command],
                         stdout=subprocess.PIPE,
                         text=True,
                     )
@@ -524,6 +519,9 @@ async def throughput(args: argparse.Namespace) -> None:
                                 f"{os.getloadavg()[0]:.1f}",
                                 flush=True,
                             )
+                            failed = Counter(x for x in results if isinstance(x, str))
+                            for why, count in failed.most_common(3):
+                                print(f"      {count} x {why}")
                     finally:
                         gateway.terminate()
                         gateway.wait(timeout=60)

@@ -146,6 +146,20 @@ def test_any_worker_serves_any_run_and_each_run_is_recorded_once(gateway: Served
         assert run["example_id"] not in {t.example_id for t in elsewhere}
 
 
+def test_a_second_gateway_cannot_join_the_workers_port(gateway: Served, tmp_path: Path) -> None:
+    """SO_REUSEPORT would let another gateway's workers share the port, splitting the runs
+    between two gateways that know nothing of each other: it is refused as a port in use."""
+    port = gateway.base.rsplit(":", 1)[1]
+    command = ["gateway", "--upstream", "http://127.0.0.1:9/v1", "--port", port, "--workers", "2"]
+    second = subprocess.run(
+        [sys.executable, "-m", "arttrace.app.cli", *command, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 2 and "Another process listens there" in second.stderr
+
+
 def test_a_dead_worker_is_restarted_and_its_runs_say_they_are_lost(gateway: Served) -> None:
     with fresh() as client:
         run = runs_on_both(client, gateway.base)[1]

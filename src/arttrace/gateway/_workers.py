@@ -310,15 +310,13 @@ class Workers:
     def bind(self) -> None:
         """Bind every socket (raises ``OSError`` when the port is taken), and take ``OUT``
         (``RunLockedError`` when a Trainer or another gateway has it)."""
-        from ..training._journal import RunLock
-        from ._gateway import Gateway  # noqa: F401 - imported once here, not in each worker
-
-        self._lock = RunLock(Path(self.config["out"]))
-        self._lock.acquire()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         reuse_port = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
         shared: list[socket.socket] = []
         try:
+            if reuse_port and self.port:  # a port another gateway's workers share is in use
+                with _listening(family) as probe:  # too: binding it plainly says so
+                    probe.bind((self.host, self.port))
             for _ in range(self.count if reuse_port else 1):
                 s = _listening(family)
                 if reuse_port:
@@ -332,6 +330,10 @@ class Workers:
                 self.workers.append(_Worker(i, [shared[i if reuse_port else 0], private]))
                 private.bind((self.host, 0))
                 private.listen(4096)
+            from ..training._journal import RunLock
+
+            self._lock = RunLock(Path(self.config["out"]))
+            self._lock.acquire()
         except BaseException:
             for s in shared:
                 s.close()
@@ -339,6 +341,7 @@ class Workers:
             raise
         ports = [w.sockets[1].getsockname()[1] for w in self.workers]
         self.config = {**self.config, "ports": ports}
+        from ._gateway import Gateway  # noqa: F401 - imported once here, not in each worker
 
     def start(self) -> None:
         """Start every worker; returns once all serve. Raises ``RuntimeError`` with the
