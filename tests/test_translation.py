@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -531,3 +532,48 @@ def test_the_gateway_command_refuses_an_unknown_protocol_in_one_line(capsys):
         main(["gateway", "--upstream", "http://127.0.0.1:1/v1", "--translate", "chat"])
     assert exited.value.code == 2
     assert "--translate: must be responses or messages or both" in capsys.readouterr().err
+
+
+class SlowLLM(KeptLLM):
+    """The scripted model streaming a chunk every 20 ms, counting the chunks it sent."""
+
+    sent = 0
+
+    def respond(self, body: dict[str, Any]) -> Any:
+        status, payload, chunks = super().respond(body)
+        if chunks is None:
+            return status, payload, chunks
+
+        def slowly(chunks: Iterator[bytes]) -> Iterator[bytes]:
+            for chunk in chunks:
+                time.sleep(0.02)
+                self.sent += 1
+                yield chunk
+
+        return status, payload, slowly(chunks)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_caller_hanging_up_a_translated_stream_closes_the_upstream_call(mode):
+    llm = SlowLLM(lambda request: " ".join(f"w{i}" for i in range(60)))
+    with (
+        serve(llm) as server,
+        at.Gateway(server.base_url, translate="responses") as gateway,
+        httpx.Client() as c,  # open until the end: only closing the answer may stop the upstream
+    ):
+
+        def body(url: str) -> int:
+            body = {"model": "policy", "input": "Hi", "stream": True}
+            with c.stream("POST", f"{url}/responses", json=body) as answer:
+                for line in answer.iter_lines():
+                    if "response.output_text.delta" in line:
+                        break  # the caller hangs up after the first piece of text
+            return llm.sent
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", at.NothingToTrainWarning)
+            t, at_hang_up = in_run(mode, gateway, server, body)
+        time.sleep(0.5)  # an upstream still streaming sends 25 more chunks meanwhile
+    (call,) = t.calls
+    assert call.partial and t.trainable_turns == 0
+    assert llm.sent - at_hang_up <= 5  # of ~120: the upstream call was closed
