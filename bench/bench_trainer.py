@@ -107,6 +107,8 @@ class Probe:
 
     def __init__(self) -> None:
         self.seconds: Counter[str] = Counter()
+        self.cpu: Counter[str] = Counter()
+        """The same phases in CPU time of the thread they ran in (steady on a busy machine)."""
         self.calls: Counter[str] = Counter()
 
     def wrap(self, owner: Any, name: str, phase: str, clock: Callable[[], float]) -> None:
@@ -114,11 +116,12 @@ class Probe:
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = clock()
+            started, cpu = clock(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.seconds[phase] += clock() - started
+                self.cpu[phase] += time.thread_time() - cpu
                 self.calls[phase] += 1
 
         setattr(owner, name, timed)
@@ -128,19 +131,20 @@ class Probe:
 
         @functools.wraps(original)
         async def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 return await original(*args, **kwargs)
             finally:
                 self.seconds[phase] += time.perf_counter() - started
+                self.cpu[phase] += time.thread_time() - cpu
                 self.calls[phase] += 1
 
         setattr(owner, name, timed)
 
-    def take(self) -> tuple[Counter[str], Counter[str]]:
-        seconds, calls = self.seconds, self.calls
-        self.seconds, self.calls = Counter(), Counter()
-        return seconds, calls
+    def take(self) -> tuple[Counter[str], Counter[str], Counter[str]]:
+        seconds, cpu, calls = self.seconds, self.cpu, self.calls
+        self.seconds, self.cpu, self.calls = Counter(), Counter(), Counter()
+        return seconds, cpu, calls
 
 
 PROBE = Probe()
@@ -189,6 +193,7 @@ def install_probes() -> None:
         PROBE.wrap(bar, method, "progress", wall)
     PROBE.wrap(report_module, "reward_plot", "plot", cpu)  # in a worker thread
     PROBE.wrap_async(art.TrainableModel, "log", "model.log")
+    PROBE.wrap_async(step_module, "finish", "finish")  # CPU: grouping, shipping, bookkeeping
 
 
 def proc_cpu(pid: int | None = None) -> float | None:
@@ -239,15 +244,20 @@ def make_trainer(rollout: Any, examples: list[dict[str, Any]], out: Path) -> at.
 async def trainer_step(trainer: at.Trainer) -> dict[str, float]:
     """One step and its background report; the direct breakdown of the Trainer's own time."""
     PROBE.take()
-    started = time.perf_counter()
+    started, process_cpu = time.perf_counter(), time.process_time()
     result = await trainer.step()
     stepped, collector = time.perf_counter(), GC.seconds
     metrics = result.metrics
+    freeing_cpu = time.thread_time()
     del result  # the last reference to the step's ART objects: time their freeing
     freeing = time.perf_counter() - stepped
+    freeing_cpu = time.thread_time() - freeing_cpu
     await trainer.flush()  # its model.log and plot (when due) count too
-    wall = time.perf_counter() - started
-    seconds, calls = PROBE.take()
+    wall, process_cpu = time.perf_counter() - started, time.process_time() - process_cpu
+    seconds, cpu, calls = PROBE.take()
+    own_cpu = (
+        cpu["journal"] + cpu["progress"] + cpu["finish"] + freeing_cpu + cpu["plot"]
+    )  # model.log's CPU is in the event loop's, between its awaits: left out (< 1 ms)
     to_art = seconds["to_art"]
     collector -= seconds["gc at grouped"]
     phases = {
@@ -265,7 +275,16 @@ async def trainer_step(trainer: at.Trainer) -> dict[str, float]:
         "plot (thread CPU)": seconds["plot"],
         "model.log": seconds["model.log"],
     }
-    return {**phases, "own": sum(phases.values()), "wall": wall, "plots": calls["plot"]}
+    return {
+        **phases,
+        "own": sum(phases.values()),
+        "wall": wall,
+        "plots": calls["plot"],
+        "own cpu": own_cpu,
+        "process cpu": process_cpu,
+        "conversion cpu": cpu["to_art"],
+        "journal cpu": cpu["journal"],
+    }
 
 
 def run_server(port: Any) -> None:
@@ -383,7 +402,8 @@ def report(
             f" other processes {others}; gc {1000 * collected:.0f} ms ({full:.0f} full)"
         )
     print("  the Trainer's own time per step (direct), mean ms:")
-    for phase in [k for k in direct[0] if k not in ("own", "wall", "plots")]:
+    extra = ("own", "wall", "plots", "own cpu", "process cpu", "conversion cpu", "journal cpu")
+    for phase in [k for k in direct[0] if k not in extra]:
         print(f"    {phase:30s} {1000 * statistics.mean([d[phase] for d in direct]):7.1f}")
     print(
         f"    {'total':30s} {1000 * statistics.mean([d['own'] for d in direct]):7.1f}"
@@ -420,6 +440,20 @@ def report(
     print(
         f"  trainer share, difference of CPU times      {100 * median(cpu_diff):5.1f} %"
         f"  [{100 * min(cpu_diff):.1f} .. {100 * max(cpu_diff):.1f}]"
+    )
+    own_cpu = sum(d["own cpu"] for d in direct)
+    cpu_shares = [d["own cpu"] / d["process cpu"] for d in direct]
+    print(
+        f"  trainer share of the step's CPU (its own CPU / this process's CPU over step + "
+        f"flush) {100 * own_cpu / sum(d['process cpu'] for d in direct):5.1f} %"
+        f"  [rounds {100 * min(cpu_shares):.1f} .. {100 * max(cpu_shares):.1f}]"
+    )
+    rounds = len(direct)
+    print(
+        f"    own CPU per step {1000 * own_cpu / rounds:.0f} ms (conversion to ART "
+        f"{1000 * sum(d['conversion cpu'] for d in direct) / rounds:.0f}, journal "
+        f"{1000 * sum(d['journal cpu'] for d in direct) / rounds:.0f}); this process's CPU "
+        f"per step {1000 * sum(d['process cpu'] for d in direct) / rounds:.0f} ms"
     )
     print(f"  peak Python memory during a step (tracemalloc)  {peak / 2**20:8.1f} MiB")
     print(f"  peak RSS of the process                          {rss:8.1f} MiB")

@@ -35,6 +35,8 @@ class Progress:
         """``pending`` runs to go; ``done``: the rewards of the runs already finished."""
         rewards = [r for r in done if r is not None]
         self._total, self._count = sum(rewards), len(rewards)
+        self._unshown, self._show_at = 0, 0.0
+        self._enabled = enabled
         self._bar = tqdm(
             total=pending + len(done),
             initial=len(done),
@@ -47,10 +49,20 @@ class Progress:
     def update(self, reward: float | None) -> None:
         if reward is not None:
             self._total, self._count = self._total + reward, self._count + 1
-        if self._bar.update():  # it redrew (at most every 0.1 s): show the mean from now on
+        if not self._enabled:
+            return
+        self._unshown += 1
+        now = time.monotonic()
+        if now < self._show_at:  # tqdm redraws at most every 0.1 s: tell it no more often
+            return
+        self._show_at = now + 0.1
+        shown, self._unshown = self._unshown, 0
+        if self._bar.update(shown):  # it redrew: show the mean from now on
             self._bar.set_postfix(reward=f"{self._total / max(self._count, 1):.3f}", refresh=False)
 
     def close(self) -> None:
+        if self._unshown:
+            self._bar.update(self._unshown)
         self._bar.close()
 
 
