@@ -48,10 +48,13 @@ httpx.Client.send = _marked(httpx.Client.send)
 httpx.AsyncClient.send = _marked(httpx.AsyncClient.send)
 """
 
-DEMO = PRELUDE + """
+DEMO = (
+    PRELUDE
+    + """
 from arttrace.app.cli import main
 sys.exit(main(["demo", "--out", sys.argv[1]] + sys.argv[2:]))
 """
+)
 
 SCRIPT = """
 import asyncio, sys
