@@ -78,7 +78,17 @@ def test_tool_loop_is_one_conversation_and_side_calls_are_additional_histories(
     (summary,) = result.additional_histories
     assert summary.messages_and_choices[-1] == {"role": "assistant", "content": "Summary: 3"}
     assert result.reward == 1.0 and result.metrics == {"turns": 2}
-    assert result.metadata == {"example_id": "q-1"}
+    assert result.metadata == {
+        "continuity_boundaries": 1,
+        "continuity_breaks": 0,
+        "continuity_breaks_template": 0,
+        "continuity_breaks_retokenized": 0,
+        "continuity_breaks_other": 0,
+        "continuity_unknown_turns": 0,
+        "continuity_conversations": 1,
+        "art_sequences": 1,
+        "example_id": "q-1",
+    }
     assert t.trainable_turns == 2
 
 

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._continuity import step_continuity, warn_continuity
 from .._errors import TrainingError
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
@@ -185,7 +186,9 @@ async def finish[ExampleT](
         "runs_stale_dropped": len(stale),
         **collected.judged,
         **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
+        **step_continuity(shipped),
     }
+    warn_continuity(step, metrics, trainer.continuity_warn_rate)
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
     if train_result is not None:
