@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 
@@ -88,9 +89,9 @@ def judge(judge_llm: Judge) -> Judge:
 async def test_art_trains_on_the_judges_rewards_and_each_run_keeps_its_own(tmp_path, kind):
     seen: list[at.Group[Any]] = []
 
-    def sync_judge(group: at.Group[Any]) -> list[float]:
+    def sync_judge(group: at.Group[Any]) -> Any:
         seen.append(group)
-        return by_rollout(group)
+        return np.array(by_rollout(group))  # any sequence of real numbers
 
     async def async_judge(group: at.Group[Any]) -> at.GroupRewards:
         seen.append(group)

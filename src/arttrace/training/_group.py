@@ -32,7 +32,7 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -177,17 +177,12 @@ def check_result(result: object, group: Group[Any]) -> GroupRewards:
     """The group reward's answer as :class:`GroupRewards`, or a ``ConfigurationError`` naming
     the example, what was wrong and how to fix it."""
     where = f"group_reward for example {group.example_id!r} (step {group.step})"
-    if isinstance(result, GroupRewards):
-        answer = result
-    elif isinstance(result, Sequence) and not isinstance(result, str | bytes):
-        answer = GroupRewards(list(result))
-    else:
-        raise ConfigurationError(f"{where} returned {type(result).__name__} {result!r:.80}: {FIX}")
-    if not isinstance(answer.rewards, Sequence) or isinstance(answer.rewards, str | bytes):
+    answer = result if isinstance(result, GroupRewards) else GroupRewards(result)  # type: ignore[arg-type]
+    if not _listlike(answer.rewards):
         raise ConfigurationError(
-            f"{where} returned GroupRewards whose rewards are "
-            f"{type(answer.rewards).__name__}: {FIX}"
+            f"{where} returned {type(answer.rewards).__name__} {answer.rewards!r:.80}: {FIX}"
         )
+    answer = GroupRewards(list(answer.rewards), answer.metrics, answer.explanations)
     if len(answer.rewards) != len(group.runs):
         raise ConfigurationError(
             f"{where} returned {len(answer.rewards)} rewards for the group's "
@@ -222,6 +217,11 @@ def check_result(result: object, group: Group[Any]) -> GroupRewards:
                 f"{len(group.runs)} runs: give one per run, or none"
             )
     return GroupRewards(rewards, metrics, explanations)
+
+
+def _listlike(value: object) -> bool:
+    """A list, tuple, numpy array, ...: not a string, a mapping or a lone number."""
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping)
 
 
 def apply(runs: Sequence[Trajectory], rewards: Sequence[float]) -> None:
