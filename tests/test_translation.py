@@ -577,3 +577,21 @@ def test_a_caller_hanging_up_a_translated_stream_closes_the_upstream_call(mode):
     (call,) = t.calls
     assert call.partial and t.trainable_turns == 0
     assert llm.sent - at_hang_up <= 5  # of ~120: the upstream call was closed
+
+
+def test_a_gateway_with_a_token_takes_it_as_an_anthropic_key(upstream):
+    server, llm = upstream
+    with (
+        at.Gateway(server.base_url, token="s3cret", translate="messages") as gateway,
+        at.trajectory("q") as t,
+    ):
+        url = gateway.url(t).removesuffix("/v1")
+        said = anthropic.Anthropic(base_url=url, api_key="s3cret", max_retries=0).messages.create(
+            model="policy", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        )
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0).messages.create(
+                model="policy", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+            )
+    assert said.content[0].text == "You said: Hi"  # type: ignore[union-attr]
+    trains_exactly(t, llm, 1)
