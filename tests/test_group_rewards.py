@@ -224,6 +224,7 @@ async def test_a_wrong_answer_fails_the_group_naming_example_and_fix(tmp_path, a
     assert "step 0: 4 of 12 rollouts raised" in message
     assert "ConfigurationError: group_reward for example 'ex-1' (step 0)" in message
     assert says in message and "one finite real number per run of group.runs" in message
+    assert message.endswith("step-00000/group_rewards.jsonl)")  # where the cause is kept
 
 
 async def test_a_judge_that_raises_counts_under_max_exceptions_and_is_logged(tmp_path, caplog):

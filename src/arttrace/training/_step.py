@@ -147,6 +147,11 @@ async def finish[ExampleT](
             f"step {step}: {failed} of {len(finished)} rollouts raised (max_exceptions="
             f"{config.max_exceptions!r}); {most_common_cause(finished.values())}. Every "
             f"exception and its traceback is in {journal.rollouts_path(step)}"
+            + (
+                f" (a group reward's, in {journal.step_dir(step) / 'group_rewards.jsonl'})"
+                if collected.judged.get("groups_judge_failed")
+                else ""
+            )
         )
     signal = [
         pos
