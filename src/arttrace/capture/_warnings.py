@@ -148,7 +148,8 @@ _NOTHING_TO_TRAIN = {
         "The gateway trains on Chat Completions and Responses calls to the run's model (the "
         "model option, if set, must be the request's model); legacy Completions calls "
         "(/v1/completions) are kept as context only, and Anthropic Messages calls "
-        "(/v1/messages) and other routes (/v1/models) are forwarded unrecorded."
+        "(/v1/messages) and other routes (/v1/models) are forwarded unrecorded unless the "
+        "run translates them (--translate messages; docs/translation.md)."
     ),
     "no LLM call was seen": (
         "The agent may call the model from another process (point it at an arttrace.Gateway "

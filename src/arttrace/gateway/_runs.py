@@ -369,7 +369,8 @@ class RunAPI:
             cause = "no call was a policy turn" if reached else "no call reached its URL"
             warnings.append(
                 f"the run recorded no policy turn ({cause}), so it will not train: the gateway "
-                "trains on Chat Completions and Responses calls to the run's URL"
+                "trains on Chat Completions and Responses calls to the run's URL (Anthropic "
+                "Messages calls when the run translates them: translate=['messages'])"
             )
         if warnings:
             summary["warning"] = "; ".join(warnings)

@@ -193,7 +193,7 @@ class _Turn:
         prompt, ids = gen.prompt or [], gen.ids or []
         response["usage"] = {
             "input_tokens": len(prompt),
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": len(ids),
             "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0},
             "total_tokens": len(prompt) + len(ids),
