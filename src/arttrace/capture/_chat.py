@@ -40,7 +40,7 @@ own histories normalise to (``art.trajectories._history.normalize_chat_message``
 
 def message_dict(message: Any) -> dict[str, Any]:
     """A request message as a plain dict (SDK message objects are dumped, dicts copied)."""
-    if isinstance(message, Mapping):
+    if type(message) is dict or isinstance(message, Mapping):
         return dict(message)
     dump = getattr(message, "model_dump", None)
     if dump is not None:
@@ -662,8 +662,9 @@ def _usage(usage: Any) -> dict[str, Any] | None:
     the token counts are read from it (:func:`._records.token_count`), so a malformed usage
     never costs the turn its ids and logprobs. ``null`` fields are left out, as the SDK's
     ``exclude_none`` dump leaves them, so every layer keeps the same usage."""
-    if isinstance(usage, Mapping):
+    if type(usage) is dict or isinstance(usage, Mapping):
         return _without_none(usage)
+
     dump = getattr(usage, "model_dump", None)
     if dump is None:
         return None

@@ -59,17 +59,18 @@ def compact_logprobs(logprobs: Sequence[float]) -> array[float]:
     """Logprobs as float32 (``array("f")``) when that gives every value back exactly, else as
     float64: the same Python floats come back either way (``tolist()``, ``to_dict()``).
 
-    vLLM samples and computes logprobs in float32: ``Sampler.forward`` casts the logits
-    (``vllm/v1/sample/sampler.py:74``, ``logits.to(torch.float32)``),
-    ``Sampler.compute_logprobs`` is ``log_softmax(dim=-1, dtype=torch.float32)`` (:249), and
-    ``gather_logprobs`` (:252-293) keeps that dtype (vllm-project/vllm at 3e342658).
-    ``LogprobsTensors.tolists`` hands them on as float32 numpy arrays
-    (``vllm/v1/outputs.py:52-58``), the engine's ``LogprobsProcessor`` turns them into Python
-    floats with ``.tolist()`` (``vllm/v1/engine/logprobs.py``, ``_update_sample_logprobs``),
-    and the OpenAI server clamps them with ``max(logprob, -9999.0)`` (exact in float32) and
-    writes them with pydantic, as the shortest text that reads back as that same double. So
-    every logprob vLLM sends is a float32 value, and float32 keeps it exactly. A server that
-    sends other values (rounded decimals, as OpenAI's API does) gets float64."""
+    vLLM samples and computes logprobs in float32 (vllm-project/vllm): ``Sampler.forward``
+    casts the logits (``vllm/v1/sample/sampler.py:74``, ``logits.to(torch.float32)``, at
+    3e342658), ``Sampler.compute_logprobs`` is ``log_softmax(dim=-1, dtype=torch.float32)``
+    (:249) and ``gather_logprobs`` (:252-293) keeps that dtype; ``LogprobsTensors.tolists``
+    hands them on as float32 numpy arrays (``vllm/v1/outputs.py:52-58``, at 1b55f1e9); the
+    engine's ``LogprobsProcessor._update_sample_logprobs`` makes Python floats of them with
+    ``.tolist()`` (``vllm/v1/engine/logprobs.py``, at dfafe710); the OpenAI server's
+    ``_create_chat_logprobs`` clamps them with ``max(logprob, -9999.0)`` (exact in float32;
+    ``vllm/entrypoints/openai/chat_completion/serving.py``) and pydantic writes each as the
+    shortest text that reads back as that same double. So every logprob vLLM sends is a
+    float32 value, kept exactly. A server that sends other values (rounded decimals, as
+    OpenAI's API does) gets float64."""
     if isinstance(logprobs, array) and logprobs.typecode == "f":
         return logprobs
     single = array("f", logprobs)
@@ -244,7 +245,9 @@ class LLMCall:
 
 def field_of(obj: Any, name: str) -> Any:
     """A field of an SDK/framework object, or of the plain dict standing in for one."""
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+    if type(obj) is dict or isinstance(obj, Mapping):  # a dict first: an ABC check is slower
+        return obj.get(name)
+    return getattr(obj, name, None)
 
 
 def jsonable(value: Any) -> Any:

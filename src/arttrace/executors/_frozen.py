@@ -2,19 +2,20 @@
 
 ``Trajectory.to_dict()`` is the journal's JSON form: every token id and logprob a number in a
 list, ~7 and ~10-20 characters each once written. A rollout's tokens dominate its size, so the
-frozen form keeps them as the packed arrays the record holds (token ids in 4 bytes, logprobs
-in float32 when that is exact, see ``capture._records.compact_ids`` / ``compact_logprobs``),
-all in one pickle (protocol 5) of the trajectory's dict. :func:`thaw` gives back a
-``Trajectory`` whose ``to_dict()`` equals the worker's.
+frozen form keeps them as packed arrays (token ids in 4 bytes, logprobs in float32 when that
+is exact, else as captured: ``capture._records.compact_ids`` / ``compact_logprobs``, as the
+record itself keeps them), all in one pickle (protocol 5) of the trajectory's dict.
+:func:`thaw` gives back a ``Trajectory`` whose ``to_dict()`` equals the worker's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+from array import array
 from typing import Any
 
-from ..capture._records import ChoiceRecord, LLMCall
+from ..capture._records import ChoiceRecord, LLMCall, compact_ids, compact_logprobs
 from ..capture._trajectory import Trajectory
 
 FORMAT = 1
@@ -52,9 +53,19 @@ def thaw(blob: bytes) -> Trajectory:
 
 def _call(call: LLMCall) -> dict[str, Any]:
     out = {name: getattr(call, name) for name in _CALL_FIELDS}
+    out["prompt_token_ids"] = _ids(call.prompt_token_ids)
     out["choices"] = [_choice(choice) for choice in call.choices]
     return out
 
 
 def _choice(choice: ChoiceRecord) -> dict[str, Any]:
-    return {name: getattr(choice, name) for name in _CHOICE_FIELDS}
+    out = {name: getattr(choice, name) for name in _CHOICE_FIELDS}
+    out["token_ids"] = _ids(choice.token_ids)
+    if choice.logprobs is not None:
+        out["logprobs"] = compact_logprobs(choice.logprobs)
+    return out
+
+
+def _ids(ids: array[int] | None) -> array[int] | None:
+    """Token ids in 4 bytes each when they fit (a record made elsewhere may hold 8)."""
+    return None if ids is None else compact_ids(ids)
