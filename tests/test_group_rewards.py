@@ -133,6 +133,13 @@ async def test_art_trains_on_the_judges_rewards_and_each_run_keeps_its_own(tmp_p
         sorted(line["trajectory"]["reward"] for line in journaled(tmp_path / "out", 0))
         == [0.0] * 6 + [1.0] * 6
     )
+    # the run store (viewer, `arttrace runs`, exports) shows the rewards the runs trained on
+    store = at.open_run(tmp_path / "out")
+    rows = store.trajectories(order="id", limit=100)
+    assert sorted(r.reward for r in rows) == pytest.approx(sorted([0.1, 0.2, 0.3, 0.4] * GROUPS))
+    assert [g.rewards for g in store.groups(0)] == [pytest.approx([0.1, 0.2, 0.3, 0.4])] * GROUPS
+    run = store.trajectory(rows[1].id)
+    assert run.reward == rows[1].reward and run.metrics["independent_reward"] in (0.0, 1.0)
 
 
 async def test_a_group_is_judged_while_the_other_groups_still_run(tmp_path):

@@ -32,7 +32,7 @@ from ..training._journal import _damaged
 from . import _scan
 from ._rows import Kind
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped whenever the tables change: an index of another version is rebuilt."""
 INDEX_NAME = ".arttrace-index.sqlite"
 BATCH_LINES = 1000
@@ -376,6 +376,8 @@ class Index:
                 if record is not None:
                     if source.kind == "rollouts":
                         added += self._add_rollout(source, path, file, number, start, line, record)
+                    elif source.kind == "group_rewards":
+                        self._judged(source, path, number, record)
                     else:
                         self.db.execute(
                             "INSERT OR REPLACE INTO lines VALUES (?, ?, ?)",
@@ -385,6 +387,32 @@ class Index:
                 return added, False, error
             file.start, file.lines = start + len(line), number
         return added, read >= BATCH_LINES, None
+
+    def _judged(
+        self, source: _scan.Source, path: Path, number: int, record: dict[str, object]
+    ) -> None:
+        """A group reward line: its runs' rewards become the judge's (what they trained on).
+        The Trainer writes it once its runs' lines are whole, and a step's rollouts are indexed
+        before its group rewards, so its runs are indexed by now; a run run again since (a
+        step set aside) started at another time and keeps its own reward. A line of a judge
+        that failed changes nothing."""
+        if "error" in record:
+            return
+        try:
+            position = int(record["group"])  # type: ignore[call-overload]
+            runs = record["runs"]
+            rewards = record["rewards"]
+            assert isinstance(runs, list) and isinstance(rewards, list)
+            pairs = [
+                (int(k), started, float(r)) for (k, started), r in zip(runs, rewards, strict=True)
+            ]
+        except (KeyError, TypeError, ValueError, AssertionError) as error:
+            raise _damaged(path, number, f"not a group reward ({error!r})") from None
+        self.db.executemany(
+            "UPDATE runs SET reward = ? WHERE step = ? AND position = ? AND rollout = ? "
+            "AND started_at IS ?",
+            [(reward, source.step, position, k, started) for k, started, reward in pairs],
+        )
 
     def _add_rollout(
         self,

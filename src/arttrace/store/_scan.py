@@ -26,6 +26,8 @@ STEP_DIR = re.compile(r"step-(\d+)")
 ROLLOUTS = "rollouts.jsonl"
 SET_ASIDE = "rollouts-nothing-to-train.jsonl"
 """Where the Trainer moves a step's runs when none of its groups holds a trainable token."""
+GROUP_REWARDS = "group_rewards.jsonl"
+"""A step's group rewards (``Trainer(group_reward=...)``): the rewards its runs trained on."""
 SKIPPED_ROLES = frozenset({"system", "developer"})
 """Messages left out of the text index: the same prompt in every run, rarely what is sought."""
 
@@ -37,7 +39,7 @@ class Source:
     path: str
     """Relative to the run folder (a saved file given alone: its name)."""
     kind: str
-    """``rollouts``, ``metrics``, ``validation`` or ``saved``."""
+    """``rollouts``, ``group_rewards``, ``metrics``, ``validation`` or ``saved``."""
     step: int | None = None
     set_aside: bool = False
 
@@ -100,6 +102,7 @@ def sources(root: Path, kind: Kind, single_file: str | None) -> list[Source]:
     for step, name in steps:
         for file, set_aside in ((ROLLOUTS, False), (SET_ASIDE, True)):
             found.append(Source(f"journal/{name}/{file}", "rollouts", step, set_aside))
+        found.append(Source(f"journal/{name}/{GROUP_REWARDS}", "group_rewards", step))
     return found
 
 

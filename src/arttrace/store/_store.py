@@ -295,7 +295,8 @@ class RunStore:
 
     def trajectory_dict(self, row_id: int) -> dict[str, Any]:
         """Run ``row_id`` as its file holds it (``Trajectory.to_dict``'s form), read from its
-        line alone."""
+        line alone; a run given a group reward has it as its reward, its own as the metric
+        ``independent_reward`` (as the Trainer shipped it)."""
         row = self.row(row_id)
         try:
             with open(row.file, "rb") as file:
@@ -312,6 +313,11 @@ class RunStore:
                 f"{row.file} changed since it was indexed (run {row_id} at byte {row.offset} "
                 f"no longer reads: {error!r}); open the run again to index it anew"
             ) from None
+        own = trajectory.get("reward")
+        if row.step is not None and row.reward is not None and own != row.reward:
+            metrics = trajectory.setdefault("metrics", {})
+            metrics.setdefault("independent_reward", own)
+            trajectory["reward"] = row.reward
         return trajectory
 
     def trajectory(self, row_id: int) -> Trajectory:
