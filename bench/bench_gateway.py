@@ -4,6 +4,7 @@
     python bench/bench_gateway.py --quick               # fewer calls, rougher figures
     python bench/bench_gateway.py --concurrency 1000    # the high-concurrency round's size
     python bench/bench_gateway.py --pace-ms 2           # the upstream sends a chunk every 2 ms
+    python bench/bench_gateway.py --throughput          # only (d): `arttrace gateway --workers`
 
 Three processes, as in use: the upstream (arttrace's scripted vLLM-like model, served as vLLM
 serves, by uvicorn on loopback: one event loop, not a thread per connection, so 1,000 streams
@@ -35,6 +36,12 @@ Reported, each block with the load average beside it:
 (c) memory kept per captured token by the finished trajectories (tracemalloc: the blocks
     allocated by arttrace's code; the process's whole growth is printed beside it, which also
     counts the connection pools' buffers and so depends on the rounds before), target <= 32 B.
+
+(d) with ``--throughput`` (and nothing else): streamed tokens per second per core of
+    ``arttrace gateway --workers N`` run as a process of its own (``--workers 1,2``), at 1,
+    100 and 1,000 streams at once, paced (a chunk every 2 ms) and not: its runs are opened over
+    HTTP and called at their URLs, and the tokens are divided by the CPU time of the gateway's
+    processes; also the CPU per call, the wall tokens/s and, with 2 worker counts, their ratio.
 
 It prints figures and PASS/MISS markers and exits 0; it is a benchmark, not a test.
 """
