@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -681,3 +682,35 @@ def test_an_answer_arttrace_cannot_read_reaches_the_caller_and_marks_the_call() 
     assert response.content == upstream.exchanges[0].answered
     (call,) = t.calls
     assert call.capture_error is not None and t.trainable_turns == 0
+
+
+def test_a_caller_hanging_up_mid_body_is_quiet_and_reaches_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A caller that sends half its body and hangs up: nothing is forwarded, no traceback is
+    logged, and the gateway goes on serving the run."""
+    with (
+        RecordingUpstream() as upstream,
+        Gateway(upstream.base_url) as gateway,
+        caplog.at_level(logging.ERROR),
+        at.trajectory("q-1") as t,
+    ):
+        url = gateway.url(t)
+        host, port = gateway.base_url.removeprefix("http://").rsplit(":", 1)
+        path = url.removeprefix(gateway.base_url) + "/chat/completions"
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(head.encode() + b'{"model": "pol')
+        time.sleep(0.3)  # the gateway reads the cut body
+        with httpx.Client() as client:
+            after = client.post(f"{url}/chat/completions", json=CHAT_BODY)
+        t.reward = 1.0
+    assert after.status_code == 200
+    assert len(upstream.exchanges) == 1  # only the whole call
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+CHAT_BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}

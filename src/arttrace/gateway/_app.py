@@ -14,7 +14,7 @@ import orjson
 from multidict import CIMultiDict
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -142,7 +142,10 @@ class GatewayApp:
         if run is None:
             return unknown_run(run_id)
         run.trajectory.call_log.gateway_reached = True
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # the caller hung up while sending: nothing was called
+            return Response(status_code=499)
         raw = request.headers.raw
         if self.token is not None:  # the gateway's token, given as an Anthropic key
             raw = [(n, v) for n, v in raw if not (n == b"x-api-key" and self._is_token(v))]
