@@ -16,11 +16,9 @@ shipped again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
-
-import httpx
-import openai
 
 from .._errors import TrainingError
 from ._config import TrainerConfig
@@ -31,14 +29,22 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("arttrace")
 
-_TRANSIENT = (
-    ConnectionError,  # refused, reset, broken pipe
-    TimeoutError,
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,  # the server closed the connection mid-answer
-    openai.APIConnectionError,  # ART's serverless client is an OpenAI client (timeouts too)
-)
+
+@functools.cache
+def _transient() -> tuple[type[BaseException], ...]:
+    """The failures worth retrying (imported when a call first fails: ``openai`` takes a
+    second or two to import, and building a Trainer should not wait for it)."""
+    import httpx
+    import openai
+
+    return (
+        ConnectionError,  # refused, reset, broken pipe
+        TimeoutError,
+        httpx.TimeoutException,
+        httpx.NetworkError,
+        httpx.RemoteProtocolError,  # the server closed the connection mid-answer
+        openai.APIConnectionError,  # ART's serverless client is an OpenAI client (timeouts too)
+    )
 
 
 def is_transient(error: BaseException) -> bool:
@@ -46,7 +52,7 @@ def is_transient(error: BaseException) -> bool:
     when such a failure is the explicit cause (``raise ... from``) of ``error``."""
     cause: BaseException | None = error
     while cause is not None:
-        if isinstance(cause, _TRANSIENT):
+        if isinstance(cause, _transient()):
             return True
         status = getattr(cause, "status_code", None)  # openai.APIStatusError, art.ARTError
         if status is None:
