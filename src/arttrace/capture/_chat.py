@@ -639,7 +639,7 @@ def _list(value: Any, what: str) -> list[Any]:
 
 
 def _index(choice: Any) -> int:
-    index = field_of(choice, "index")
+    index = choice.get("index") if type(choice) is dict else getattr(choice, "index", None)
     if type(index) is not int:
         raise Unreadable(f"a choice index is {type(index).__name__}, not an integer")
     return index
