@@ -603,7 +603,7 @@ def _floats(values: list[Any]) -> bool:
     return not values or {*map(type, values)} == _FLOAT_ONLY
 
 
-_FLOAT_ONLY = {float}
+_FLOAT_ONLY = frozenset({float})
 
 
 def _ids(raw: Any, what: str) -> array[int] | None:
