@@ -99,16 +99,22 @@ def sequences(conversations: list[Conversation]) -> Sequences:
             out.sequence_lengths.append(len(current))
             start, current = len(out.token_ids), array("q")
         suffix = prompt[len(current) :]
-        out.token_ids.extend(suffix)
+        _extend(out.token_ids, suffix)
         out.logprobs.extend(_NAN * len(suffix))
         out.mask.extend(bytes(len(suffix)))
         out.offsets.append(len(out.token_ids))
-        out.token_ids.extend(record.token_ids)
-        out.logprobs.extend(record.logprobs)
+        _extend(out.token_ids, record.token_ids)
+        _extend(out.logprobs, record.logprobs)
         out.mask.extend(b"\x01" * len(record.token_ids))
     if len(out.token_ids) > start:
         out.sequence_lengths.append(len(out.token_ids) - start)
     return out
+
+
+def _extend(into: array[Any], values: array[Any]) -> None:
+    """``into`` extended by ``values`` whatever their item size: a record keeps token ids in 4
+    bytes and logprobs in float32 when that is exact (``capture._records.compact_ids``)."""
+    into.extend(values if values.typecode == into.typecode else values.tolist())
 
 
 def _trainable_turns(conversations: list[Conversation]) -> Iterator[Turn]:
