@@ -68,9 +68,11 @@ FUNCTION_CALL_ONLY = "a Responses API turn that is only a function call: token i
 FUNCTION_CALL_FIX = (
     "vLLM attaches a Responses turn's logprobs to its output text, so a turn that is only a "
     "function call (a tool call or a handoff) comes with its token ids but no logprobs, and ART "
-    "cannot train it. Call the model through Chat Completions, whose tool-call turns carry "
-    "logprobs (for the OpenAI Agents SDK: OpenAIChatCompletionsModel), or serve it with a "
-    "server that returns token_generations."
+    "cannot train it. Turn on translation (instrument(translate='responses'), or arttrace "
+    "gateway --translate responses; docs/translation.md): arttrace then makes each call "
+    "through Chat Completions, whose tool-call turns carry logprobs, and answers in the "
+    "Responses API. Or call the model through Chat Completions yourself (for the OpenAI Agents "
+    "SDK: OpenAIChatCompletionsModel), or serve it with a server that returns token_generations."
 )
 RESPONSES_FIX = (
     "ART trains a turn on the exact prompt and sampled token ids, which a Responses API "
@@ -78,8 +80,9 @@ RESPONSES_FIX = (
     "enable_response_messages=true with include=['message.output_text.logprobs'] (arttrace "
     "asks for both on @trainable calls unless request_training_data=False; vLLM gives no "
     "logprobs for a turn that is only a function call), or with a server that returns "
-    "token_generations. Otherwise call the model through Chat Completions (for the OpenAI "
-    "Agents SDK: OpenAIChatCompletionsModel)."
+    "token_generations. Otherwise turn on translation (instrument(translate='responses'), or "
+    "arttrace gateway --translate responses; docs/translation.md), or call the model through "
+    "Chat Completions (for the OpenAI Agents SDK: OpenAIChatCompletionsModel)."
 )
 _TOKEN_REASONS = frozenset(
     {"no logprobs", "no token ids", "token ids and logprobs differ in length"}
