@@ -83,6 +83,10 @@ bench: setup-test
 	$(BIN)/python bench/bench_transport.py --quick
 	$(BIN)/python bench/bench_gateway.py --quick
 	$(BIN)/python bench/bench_scale.py --quick
+	$(BIN)/python bench/bench_continuity.py
+	$(BIN)/python bench/bench_translation.py --quick
+	$(BIN)/python bench/bench_rewards.py --rounds 2
+	$(BIN)/python bench/bench_start.py --rounds 1
 
 # After changing dependencies in pyproject.toml.
 lock: $(UV)
