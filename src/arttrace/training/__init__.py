@@ -1,7 +1,9 @@
 """Training: run an agent ``group_size`` times per example, group the runs, ship them to ART.
 
-Every name loads on first use: the Trainer and the backends load ART (``CPUBackend`` torch and
-transformers too), while the journal, which the gateway writes, needs neither.
+Every name loads on first use. The Trainer starts importing ART in a background thread when it
+is built and waits for it only when a step's groups are built, so rollouts start at once;
+``CPUBackend`` loads torch and transformers; the journal, which the gateway writes, needs
+neither.
 """
 
 import importlib
