@@ -12,6 +12,7 @@ import contextvars
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -21,10 +22,20 @@ from ._errors import UsageError
 
 class ServerThread:
     """``start()`` binds ``host:port`` (port 0: a free one) and returns once it is serving;
-    ``name`` says whose server it is in errors and the thread's name."""
+    ``name`` says whose server it is in errors and the thread's name; ``loop_factory``, the
+    event loop's (asyncio's when ``None``)."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int, *, name: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str,
+        port: int,
+        *,
+        name: str,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    ) -> None:
         self.name = name
+        self.loop_factory = loop_factory
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so. Without it,
         # Nagle's algorithm holds each small write (a chunk of a stream) until the previous one
@@ -57,7 +68,8 @@ class ServerThread:
 
     def _serve(self) -> None:
         try:  # in a fresh context: the server is no part of a run it was started in
-            contextvars.Context().run(asyncio.run, self.server.serve(sockets=[self.socket]))
+            serving = self.server.serve(sockets=[self.socket])
+            contextvars.Context().run(asyncio.run, serving, loop_factory=self.loop_factory)
         except BaseException as error:  # reported by start()
             self._failure = error
 

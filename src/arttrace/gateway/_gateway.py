@@ -4,7 +4,6 @@ per run, so agents in other processes and languages are captured as in-process o
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import enum
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,21 +37,6 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
-
-
-class _ServerThread(ServerThread):
-    """The gateway's server thread, on :func:`loop_factory`'s event loop."""
-
-    def _serve(self) -> None:
-        factory = loop_factory()
-        if factory is None:
-            super()._serve()
-            return
-        try:  # in a fresh context, as ServerThread does
-            serving = self.server.serve(sockets=[self.socket])
-            contextvars.Context().run(asyncio.run, serving, loop_factory=factory)
-        except BaseException as error:  # reported by start()
-            self._failure = error
 
 
 class _State(enum.Enum):
@@ -138,7 +122,7 @@ class Gateway:
         self._upstream = Upstream(self.upstream, timeout, upstream_api_key)
         self.runs = Runs(self._run_url, self.out)
         self._app = GatewayApp(self.runs, self._upstream, self.options, token, admission)
-        self._server: _ServerThread | None = None
+        self._server: ServerThread | None = None
         self._state = _State.UNOPENED
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -153,7 +137,9 @@ class Gateway:
             )
         if self.out is not None:
             self.runs.hold()  # now, not in the first request: a folder in use fails here
-        self._server = _ServerThread(self._app, self.host, self.port, name="the gateway")
+        self._server = ServerThread(
+            self._app, self.host, self.port, name="the gateway", loop_factory=loop_factory()
+        )
         try:
             self._server.start()
         except BaseException:
