@@ -21,7 +21,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import wrapt
 
 from ..capture import _context
 from ..capture._guard import guarded
@@ -94,6 +93,7 @@ def stand_aside(module: Any = None) -> None:
     """Wrap ``Responses.create`` (sync and async) outermost, so that a translated call passes
     the shim (it is recorded below, as the chat call it becomes). Called again, it moves its
     wrapper back outside (the shim may have been put around it since)."""
+    import wrapt  # once openai is: instrument() itself loads no wrapt
     from openai.resources.responses import AsyncResponses, Responses
 
     for cls, wrapper in ((Responses, _create), (AsyncResponses, _acreate)):
@@ -103,6 +103,8 @@ def stand_aside(module: Any = None) -> None:
 
 def _unwrap_aside(cls: Any) -> None:
     """Splice this module's wrapper out of ``cls.create``, wherever it sits in the chain."""
+    import wrapt
+
     outer: Any = None
     current = cls.__dict__.get("create")
     while isinstance(current, wrapt.FunctionWrapper):
