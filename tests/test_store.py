@@ -566,7 +566,12 @@ def test_a_path_that_is_not_a_run_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "settings.json").write_text("[1, 2]")
     (tmp_path / "bad.json").write_text('{"lr": 1}')
+    (tmp_path / "workers" / "worker-0" / "journal").mkdir(parents=True)
+    (tmp_path / "workers" / "worker-1" / "journal").mkdir(parents=True)
+    (tmp_path / "workers" / ".lock").touch()  # the gateway's, held while its workers serve
     cases = {
+        tmp_path / "workers": "an `arttrace gateway --workers` gateway.*: give those, .*"
+        "worker-0 .*worker-1$",
         tmp_path / "missing": "does not exist: give a Trainer's output_dir",
         tmp_path / "empty": "is not a run folder: it has no journal/ folder, state.json",
         tmp_path / "notes.txt": "is a file but not a saved trajectory",

@@ -61,6 +61,13 @@ def detect(path: Path) -> Kind:
         )
     if (path / "state.json").is_file():
         return "trainer"  # a Trainer writes it before its first rollout
+    workers = sorted(p for p in path.glob("worker-*") if p.is_dir())
+    if workers and not (path / "journal").is_dir():
+        raise ConfigurationError(
+            f"{path} is the folder of an `arttrace gateway --workers` gateway, whose workers "
+            "each journal in a folder of their own: give those, "
+            + " ".join(str(w) for w in workers)
+        )
     if (path / "journal").is_dir() or (path / ".lock").is_file():
         return "gateway"  # its journal (or its lock, before the first run is closed)
     if any(name.endswith(".json") and not name.startswith(".") for name in _names(path)):
