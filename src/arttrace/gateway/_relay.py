@@ -176,7 +176,9 @@ class Relay(Response):
         if state.disconnected and not state.answered:
             self._record("abandoned", "the caller disconnected before the response ended")
 
-    async def _forward(self, send: Send, state: _State) -> None:
+    async def _answer(self, send: Send, state: _State) -> aiohttp.ClientResponse | None:
+        """The upstream's answer (the call's record opened while the request goes out), or
+        ``None`` once the caller has been told that the upstream could not be reached."""
         session = self.upstream.session
         assert session is not None, "the gateway's server has not started"
         request = asyncio.ensure_future(
@@ -193,7 +195,7 @@ class Relay(Response):
                 await asyncio.sleep(0)  # the request goes out (or starts to connect) first
                 with guarded("the gateway opening a call's record"):
                     self.recorder = self.open_record()
-            answer = await request
+            return await request
         except _UPSTREAM_FAILED as error:
             self._record("failed", error, partial=False)
             state.answered = True
@@ -201,12 +203,21 @@ class Relay(Response):
                 send,
                 502,
                 [(b"content-type", b"application/json")],
-                _unreachable(self.upstream, redact(repr(error))),
+                self._unreachable(redact(repr(error))),
             )
-            return
+            return None
         except BaseException:  # the caller hung up before the answer came
             _let_go(request)
             raise
+
+    def _unreachable(self, why: str) -> bytes:
+        """The body of the 502 the caller gets when the upstream cannot be reached."""
+        return _unreachable(self.upstream, why)
+
+    async def _forward(self, send: Send, state: _State) -> None:
+        answer = await self._answer(send, state)
+        if answer is None:
+            return
         silence: _Silence | None = None
         try:
             headers = [(k, v) for k, v in answer.raw_headers if k.lower() not in _NOT_RETURNED]

@@ -13,7 +13,6 @@ the protocol's error event. A request that cannot be translated (a built-in tool
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,6 @@ from starlette.responses import Response
 from starlette.types import Send
 from yarl import URL
 
-from ..capture._guard import guarded
 from ..capture._redact import redact
 from ..capture._sse import EventReader
 from ..capture._wire import Recorder
@@ -36,7 +34,7 @@ from ..translation import (
     refusal,
     upstream_message,
 )
-from ._relay import _MAY_END, _UPSTREAM_FAILED, Relay, Upstream, _let_go, _send_whole, _State
+from ._relay import _MAY_END, _UPSTREAM_FAILED, Relay, Upstream, _send_whole, _State
 
 _log = logging.getLogger("arttrace.gateway")
 _JSON = [(b"content-type", b"application/json")]
@@ -94,37 +92,16 @@ class TranslatedRelay(Relay):
         super().__init__(upstream, "POST", url, headers, body, open_record)
         self.translation = translation
 
-    async def _forward(self, send: Send, state: _State) -> None:
-        session = self.upstream.session
-        assert session is not None, "the gateway's server has not started"
-        t = self.translation
-        request = asyncio.ensure_future(
-            session.request(
-                "POST",
-                self.url,
-                headers=self.upstream_headers,
-                data=self.body,
-                allow_redirects=False,
-            )
+    def _unreachable(self, why: str) -> bytes:
+        message = (
+            f"arttrace gateway: the upstream {self.upstream.base_url} could not be reached ({why})"
         )
-        try:
-            if self.open_record is not None:
-                await asyncio.sleep(0)  # the request goes out (or starts to connect) first
-                with guarded("the gateway opening a call's record"):
-                    self.recorder = self.open_record()
-            answer = await request
-        except _UPSTREAM_FAILED as error:
-            self._record("failed", error, partial=False)
-            state.answered = True
-            message = (
-                f"arttrace gateway: the upstream {self.upstream.base_url} could not be reached "
-                f"({redact(repr(error))})"
-            )
-            await _send_whole(send, 502, _JSON, refusal(t.api, 502, message))
+        return refusal(self.translation.api, 502, message)
+
+    async def _forward(self, send: Send, state: _State) -> None:
+        answer = await self._answer(send, state)
+        if answer is None:
             return
-        except BaseException:  # the caller hung up before the answer came
-            _let_go(request)
-            raise
         try:
             if not (answer.status < 300 and answer.content_type == "text/event-stream"):
                 data = await answer.read()
