@@ -595,3 +595,29 @@ def test_a_gateway_with_a_token_takes_it_as_an_anthropic_key(upstream):
             )
     assert said.content[0].text == "You said: Hi"  # type: ignore[union-attr]
     trains_exactly(t, llm, 1)
+
+
+def test_an_unreachable_upstream_is_a_502_in_the_agents_protocol() -> None:
+    """The SDK of each protocol shows its own error, and the call is marked."""
+    with serve(KeptLLM([])) as dead:
+        url = dead.base_url
+    with (
+        at.Gateway(url, translate="responses,messages") as gateway,
+        at.trajectory("q-1") as t,
+    ):
+        base = gateway.url(t)
+        with pytest.raises(openai.InternalServerError, match="could not be reached") as raised:
+            openai.OpenAI(base_url=base, api_key="k", max_retries=0).responses.create(
+                model="policy", input="hi"
+            )
+        assert raised.value.status_code == 502
+        with pytest.raises(anthropic.InternalServerError, match="could not be reached") as caught:
+            anthropic.Anthropic(
+                base_url=base.removesuffix("/v1"), api_key="k", max_retries=0
+            ).messages.create(
+                model="policy", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert caught.value.status_code == 502
+    assert [c.error is not None and "ClientConnectorError" in c.error for c in t.calls] == [
+        True
+    ] * 2
