@@ -26,6 +26,7 @@ from arttrace._continuity import RunContinuity, run_continuity, step_continuity,
 from arttrace.capture import _warnings
 from arttrace.capture._records import ChoiceRecord, LLMCall
 from arttrace.testing import HFChatTokenizer, LLMServer, Reply, ScriptedLLM
+from conftest import TOOLS
 from qwen import qwen_tokenizer
 
 # Qwen/Qwen3-8B's tokenizer_config.json "chat_template" (the Qwen3 family shares it): an
@@ -120,20 +121,6 @@ QWEN3_TEMPLATE = r"""{%- if tools %}
     {%- endif %}
 {%- endif %}"""  # noqa: E501
 QWEN3_TOKENS = ("<tool_response>", "</tool_response>", "<think>", "</think>")  # 151665-151668
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two numbers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
 
 
 @pytest.fixture(scope="module")
