@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import orjson
+
 
 class TranslationError(ValueError):
     """The agent's request cannot be translated (a built-in tool, an unknown
@@ -51,3 +53,24 @@ class Translation(Protocol):
         """The agent-protocol JSON error body for an upstream error ``status`` / ``body`` (or,
         mid-stream, the bytes of the protocol's error event: ``stream`` says which)."""
         ...
+
+
+def upstream_error(status: int, body: bytes) -> tuple[str, str, str | int]:
+    """The message, type and code of an upstream error body: OpenAI's shape (which vLLM
+    sends), vLLM's older bare ``message``, FastAPI's ``detail``; anything else quoted."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            kind = str(error.get("type") or "server_error")
+            return error["message"], kind, error.get("code") or status
+        for key in ("message", "detail"):
+            if isinstance(parsed.get(key), str) and parsed[key]:
+                return parsed[key], str(parsed.get("type") or "server_error"), status
+        if isinstance(error, str) and error:
+            return error, "server_error", status
+    text = body[:500].decode("utf-8", "replace")
+    return f"the upstream answered {status}: {text}", "server_error", status

@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from ._base import TranslationError
+from ._base import TranslationError, upstream_error
 
 __all__ = ["MessagesTranslation", "error_body"]
 
@@ -202,7 +202,7 @@ class MessagesTranslation:
 
     def error(self, status: int, body: bytes) -> bytes:
         """Anthropic's error body for an upstream error (an ``error`` event when streaming)."""
-        message = _upstream_message(body) or f"the upstream server answered HTTP {status}"
+        message = upstream_error(status, body)[0]
         if self.stream:
             self._done = True
             return b"event: error\ndata: " + error_body(status, message) + b"\n\n"
@@ -643,26 +643,6 @@ def _usage(usage: dict[str, Any], prompt: int | None, sampled: int | None) -> di
         "cache_read_input_tokens": cached,
         "output_tokens": int(output if output is not None else sampled or 0),
     }
-
-
-def _upstream_message(body: bytes) -> str:
-    """The message of an upstream error body (OpenAI's ``error.message``, vLLM's older
-    ``message``, FastAPI's ``detail``), else its text."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text[:2000]
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        for key in ("message", "detail"):
-            if data.get(key):
-                return str(data[key])
-        if isinstance(error, str):
-            return error
-    return text[:2000]
 
 
 def _message_id(chat_id: Any) -> str:

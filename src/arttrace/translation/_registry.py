@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .._errors import ConfigurationError
-from ._base import Translation, TranslationError
+from ._base import Translation, TranslationError, upstream_error
 from ._responses import Chains, ResponsesTranslation
 
 APIS = ("responses", "messages")
@@ -84,15 +84,5 @@ def refusal(api: str, status: int, message: str) -> bytes:
 
 
 def upstream_message(status: int, body: bytes) -> str:
-    """The message of an upstream error body (OpenAI's shape, which vLLM sends), or the body
-    quoted."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
-        return str(parsed["message"])
-    return f"the upstream answered {status}: {body[:500].decode('utf-8', 'replace')}"
+    """The message of an upstream error body, or the body quoted."""
+    return upstream_error(status, body)[0]

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from ._base import TranslationError
+from ._base import TranslationError, upstream_error
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 CHAINS_ENV = "ARTTRACE_TRANSLATE_CHAINS"
@@ -341,7 +341,7 @@ class ResponsesTranslation:
         return bytes(out)
 
     def error(self, status: int, body: bytes) -> bytes:
-        message, kind, code = _upstream_error(status, body)
+        message, kind, code = upstream_error(status, body)
         if self.stream:
             return self._event("error", code=code, message=message, param=None)
         return orjson.dumps(
@@ -640,23 +640,3 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": int(usage.get("total_tokens") or prompt + completion),
     }
-
-
-def _upstream_error(status: int, body: bytes) -> tuple[str, str, str | int]:
-    """The message, type and code of an upstream error (OpenAI's shape, which vLLM sends;
-    anything else quoted)."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return (
-            error["message"],
-            str(error.get("type") or "server_error"),
-            error.get("code") or status,
-        )
-    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):  # vLLM's bare shape
-        return parsed["message"], str(parsed.get("type") or "server_error"), status
-    text = body[:500].decode("utf-8", "replace")
-    return f"the upstream answered {status}: {text}", "server_error", status
