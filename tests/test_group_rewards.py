@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 import arttrace as at
 from arttrace.rewards import JudgeError, ruler
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+from arttrace.training._report import progress_line
 from conftest import TOOLS
 from test_resume import SteppingBackend
 from test_trainer import Agent, RecordingBackend, dataset, journaled, make
@@ -57,7 +59,21 @@ class Judge(ScriptedLLM):
     def __init__(self) -> None:
         super().__init__(self.reply)
         self.answer: Callable[[list[str], int], str] = valid
+        self.down: Callable[[str, int], int] = lambda prompt, n: 0
+        self.served: Counter[str] = Counter()
         self.url = ""
+
+    def respond(self, body: dict[str, Any]) -> tuple[int, dict[str, Any] | None, Any]:
+        """The status ``down(prompt, n)`` gives, if any (``n``: that group's request number)."""
+        with self._lock:
+            prompt = str(body.get("messages", [{}, {}])[-1].get("content", ""))[:200]
+            self.served[prompt] += 1
+            status = self.down(prompt, self.served[prompt])
+            if status:
+                self.requests.append(body)
+        if status:
+            return status, {"error": {"message": "judge overloaded", "type": "error"}}, None
+        return super().respond(body)
 
     def reply(self, request: dict[str, Any]) -> Reply:
         system = request["messages"][0]["content"]
@@ -79,6 +95,8 @@ def judge(judge_llm: Judge) -> Judge:
     """The module's judge server, fresh for this test (no requests, valid answers)."""
     judge_llm.requests.clear()
     judge_llm.answer = valid
+    judge_llm.down = lambda prompt, n: 0
+    judge_llm.served.clear()
     return judge_llm
 
 
@@ -505,6 +523,62 @@ async def test_a_malformed_answer_is_sent_back_then_fails_with_the_cause(
     assert len(judge.requests) == 2
     assert "JudgeError: group_reward for example 'ex-0' (step 0) raised JudgeError" in message
     assert "the judge 'judge' gave no usable scores in 2 calls" in message and problem in message
+
+
+async def test_a_judge_server_error_is_retried_within_max_attempts_and_every_request_counted(
+    tmp_path, judge
+):
+    """One retry budget: the OpenAI client does not retry underneath ``max_attempts``, and
+    every request the judge's server answered (500s too) is in ``judge_calls``."""
+    judge.down = lambda prompt, n: 500 if n == 1 else 0  # each group's first request
+    trainer = make(
+        tmp_path / "a",
+        Agent(),
+        train_dataset=dataset(GROUPS),
+        group_reward=ruler(model="judge", base_url=judge.url, api_key="k", max_attempts=3),
+    )
+    result = await trainer.step()
+    assert len(judge.requests) == 2 * GROUPS  # served
+    assert result.metrics["judge_calls"] == 2 * GROUPS and result.metrics["judge_retries"] == GROUPS
+    assert result.metrics["groups_judged"] == GROUPS and result.metrics["groups_kept"] == GROUPS
+
+    # one group's judge always answers 500: max_attempts requests, all counted; the group
+    # fails with the cause under max_exceptions, and counts as dropped
+    judge.requests.clear()
+    judge.served.clear()
+    judge.down = lambda prompt, n: 500 if "question 1" in prompt else 0
+    trainer = make(
+        tmp_path / "b",
+        Agent(),
+        train_dataset=dataset(GROUPS),
+        group_reward=ruler(model="judge", base_url=judge.url, api_key="k", max_attempts=2),
+        max_exceptions=GROUP_SIZE,
+    )
+    result = await trainer.step()
+    assert len(judge.requests) == (GROUPS - 1) + 2
+    assert result.metrics["judge_calls"] == len(judge.requests)
+    assert result.metrics["groups_judge_failed"] == 1 and result.metrics["exceptions"] == GROUP_SIZE
+    assert result.metrics["groups_dropped"] == 1 and result.metrics["groups_kept"] == GROUPS - 1
+    line = progress_line(result.metrics, "train")  # named for what it is, not "flat"
+    assert "2 of 3 groups shipped (1 whose group reward failed)" in line, line
+    (failed,) = [line for line in group_rewards(tmp_path / "b" / "out") if "error" in line]
+    assert failed["example_id"] == "ex-1" and failed["error"]["type"] == "JudgeError"
+    message = failed["error"]["message"]
+    assert "the judge 'judge' gave no usable scores in 2 calls" in message
+    assert "its server answered HTTP 500 (judge overloaded)" in message
+
+    # refused (a wrong key or model): asked once, counted, and the cause names what to check
+    judge.requests.clear()
+    judge.down = lambda prompt, n: 401
+    inner = at.trajectory("outer", metadata={})
+    inner.reward = 0.0
+    with pytest.raises(JudgeError) as refused:
+        await ruler(model="judge", base_url=judge.url, api_key="k")(
+            at.Group("ex", None, 0, (at.GroupRun(0, inner, 0.0),) * 2)
+        )
+    assert len(judge.requests) == 1 and refused.value.metrics["judge_calls"] == 1
+    assert "failed: its server answered HTTP 401" in str(refused.value)
+    assert "Check the judge's model name, base_url, api_key" in str(refused.value)
 
 
 def test_ruler_refuses_what_it_cannot_use():

@@ -10,6 +10,11 @@ One judge call per group: the runs' shared beginning (the system prompt and the 
 often) is shown once, then each run. The judge answers with JSON (a JSON schema is asked
 for), one score in ``[0, 1]`` per run id; a malformed answer is sent back to the judge with
 what was wrong, at most ``max_attempts`` calls in all, then the group fails with the cause.
+
+``max_attempts`` is the one retry budget: the OpenAI client's own retries are turned off for
+the judge's calls, and a server error (HTTP 408, 409, 429, 5xx, a timeout or a lost
+connection, the ones that client retries) is retried here, after a short wait, within the
+same budget. So every request the judge's server saw is counted in ``judge_calls``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import time
 from collections.abc import Mapping, Sequence
 from textwrap import dedent
@@ -113,7 +119,9 @@ class Ruler:
         self.temperature, self.max_tokens = temperature, max_tokens
         self.extra_body = dict(extra_body or {})
         self.timeout = timeout
-        self._given = client
+        with_options = getattr(client, "with_options", None)
+        self._given = with_options(max_retries=0) if callable(with_options) else client
+        """The given client without its own retries: ``max_attempts`` is the only budget."""
         self._base_url, self._api_key = base_url, api_key
         self._clients: dict[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = {}
 
@@ -156,11 +164,31 @@ class Ruler:
             "judge_seconds": 0.0,
             "judge_retries": 0.0,
         }
+        import openai
+
         client = self._client()
-        problem = ""
+        problem, failed, wait = "", False, 0.0
         for attempt in range(self.max_attempts):
+            if failed:  # the server failed the last call: wait a little, as the client would
+                await asyncio.sleep(wait)
             started = time.perf_counter()
-            response = await client.chat.completions.create(**self._request(messages))
+            try:
+                response = await client.chat.completions.create(**self._request(messages))
+            except openai.APIError as error:
+                spent["judge_seconds"] += time.perf_counter() - started
+                spent["judge_calls"] += 1
+                retry = _retry_after(error, attempt)
+                if retry is None:  # refused (bad model name, key, request): no use asking again
+                    raise JudgeError(
+                        f"the judge {self.model!r} failed: {_describe(error)}. Check the "
+                        "judge's model name, base_url, api_key and response_format",
+                        spent,
+                    ) from error
+                problem, failed, wait = _describe(error), True, retry
+                if attempt + 1 < self.max_attempts:
+                    spent["judge_retries"] += 1
+                continue
+            failed = False
             spent["judge_seconds"] += time.perf_counter() - started
             spent["judge_calls"] += 1
             if response.usage is not None:
@@ -182,10 +210,17 @@ class Ruler:
                         f"{', '.join(ids)}.",
                     },
                 ]
+        calls = f"{self.max_attempts} call{'s' if self.max_attempts > 1 else ''}"
+        if failed:
+            raise JudgeError(
+                f"the judge {self.model!r} gave no usable scores in {calls}; the last: "
+                f"{problem}. Check the judge's server, or raise max_attempts",
+                spent,
+            )
         raise JudgeError(
-            f"the judge {self.model!r} gave no usable scores in {self.max_attempts} "
-            f"call{'s' if self.max_attempts > 1 else ''}; the last answer: {problem}. Use a "
-            "judge model that follows a JSON schema (response_format), or raise max_attempts",
+            f"the judge {self.model!r} gave no usable scores in {calls}; the last answer: "
+            f"{problem}. Use a judge model that follows a JSON schema (response_format), or "
+            "raise max_attempts",
             spent,
         )
 
@@ -219,9 +254,45 @@ class Ruler:
         if client is None:
             for old in [lp for lp in self._clients if lp.is_closed()]:
                 del self._clients[old]
-            client = openai.AsyncOpenAI(base_url=self._base_url, api_key=self._api_key)
+            client = openai.AsyncOpenAI(
+                base_url=self._base_url, api_key=self._api_key, max_retries=0
+            )
             self._clients[loop] = client
         return client
+
+
+def _retry_after(error: openai.APIError, attempt: int) -> float | None:
+    """Seconds to wait before asking again after ``error``, or ``None`` if asking again is
+    no use: the errors the OpenAI client itself retries, with its waits (the server's
+    ``Retry-After`` up to a minute, else 0.5 s doubling to 8 s, less up to a quarter)."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        if status not in (408, 409, 429) and status < 500:
+            return None
+        header = error.response.headers.get("retry-after", "")
+        try:
+            asked = float(header)
+        except ValueError:
+            asked = -1.0
+        if 0 <= asked <= 60:
+            return asked
+    elif not isinstance(error, openai.APIConnectionError):  # a timeout is one too
+        return None  # a response the client could not read
+    return min(0.5 * 2.0**attempt, 8.0) * (1 - 0.25 * random.random())
+
+
+def _describe(error: openai.APIError) -> str:
+    """What went wrong with a judge call, in a line: the status and the server's message."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        body = error.body  # the client keeps the body's "error" object, when it has one
+        said = body.get("message") if isinstance(body, dict) else None
+        said = said if isinstance(said, str) and said else error.response.text[:300]
+        return f"its server answered HTTP {error.status_code} ({said})"
+    return f"{type(error).__name__}: {error}"
 
 
 def ruler(
@@ -256,8 +327,10 @@ def ruler(
         rubric: What makes a run better than another (default :data:`DEFAULT_RUBRIC`).
         max_attempts: Judge calls per group at most: an answer that is not valid JSON, or
             lacks a run, repeats one, or scores outside ``[0, 1]``, is sent back with what
-            was wrong, until this many calls; then the group fails with
-            :class:`JudgeError` (its runs count under the Trainer's ``max_exceptions``).
+            was wrong, and a server error (HTTP 429, 5xx, a timeout) is asked again, until
+            this many calls; then the group fails with :class:`JudgeError` (its runs count
+            under the Trainer's ``max_exceptions``). The only retry budget: the client's
+            own retries are off for the judge's calls.
         response_format: ``"json_schema"`` (the default: the server constrains the answer
             to the score schema; OpenAI and vLLM do), ``"json_object"`` (JSON, no schema),
             or ``"none"`` (for a server that takes neither; the prompt still asks for JSON).

@@ -37,7 +37,8 @@ class StepRow:
     groups_kept: int
     """Groups shipped to the backend."""
     groups_dropped: int
-    """Groups without learning signal (flat, or spread below ``min_reward_spread``)."""
+    """Groups without learning signal: flat, spread below ``min_reward_spread``, or no run
+    left to ship (all raised, or their group reward failed)."""
     trainable_tokens: int
     """Sampled tokens ART trained on in the shipped groups."""
     loss: float | None

@@ -214,7 +214,11 @@ def progress_line(metrics: dict[str, float], split: str) -> str:
     if split != "train":
         line = f"{split} step {step}: reward {reward:.3f} over {int(metrics['examples'])} runs"
         return line + (f" ({int(raised)} raised)" if raised else "")
-    kept, total, flat = (int(metrics[k]) for k in ("groups_kept", "groups_total", "groups_dropped"))
+    kept, total, dropped = (
+        int(metrics[k]) for k in ("groups_kept", "groups_total", "groups_dropped")
+    )
+    judge_failed = int(metrics.get("groups_judge_failed", 0))  # dropped: no run left to ship
+    flat = dropped - judge_failed
     line = (
         f"train step {step}: reward {reward:.3f} ({metrics['reward_min']:.2f}-"
         f"{metrics['reward_max']:.2f}) over {int(metrics['trajectories_scored'])} runs; "
@@ -228,6 +232,7 @@ def progress_line(metrics: dict[str, float], split: str) -> str:
             f"{int(n)} {name}"
             for n, name in (
                 (flat, "flat"),
+                (judge_failed, "whose group reward failed"),
                 (metrics.get("groups_excluded_by_curriculum", 0), "left out by the curriculum"),
                 (metrics.get("groups_without_trainable_tokens", 0), "with no trainable token"),
             )
