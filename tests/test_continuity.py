@@ -381,7 +381,7 @@ def test_a_re_serialised_tool_call_is_a_template_break(qwen2: Any) -> None:
     history.append({"role": "tool", "tool_call_id": "call_1", "content": "5"})
     run.turn(history, assistant("It is 5."))
     t = run.trajectory()
-    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("template", "ids")]
+    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("template", "guess")]
     assert [(b.cause, b.decided_by) for b in run_continuity(t, qwen2).breaks] == [
         ("template", "text")
     ]
@@ -405,7 +405,7 @@ def test_sampled_text_retokenised_to_other_ids_is_a_retokenized_break(qwen2: Any
     history.append(user("Again."))
     run.turn(history, assistant("Hello world"))
     t = run.trajectory()
-    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("retokenized", "ids")]
+    assert [(b.cause, b.decided_by) for b in run_continuity(t).breaks] == [("retokenized", "guess")]
     assert [(b.cause, b.decided_by) for b in run_continuity(t, qwen2).breaks] == [
         ("retokenized", "text")
     ]
@@ -535,9 +535,12 @@ def test_step_metrics_sum_the_runs_and_count_sequences_as_art_does(qwen2: Any, q
         "continuity_breaks_template": 1,
         "continuity_breaks_retokenized": 1,
         "continuity_breaks_other": 0,
+        "continuity_breaks_guessed": 1,  # split's: no tokenizer given, the message decided
+        **{f"continuity_edits_{e}": 0 for e in ("system", "user", "assistant", "tool", "trimmed")},
         "continuity_unknown_turns": 0,
-        "continuity_conversations": 3,
-        "art_sequences": 3,  # clean 1 + thinking 2; split's advantage is 0
+        # Over the runs ART trains, both: split's advantage is 0.
+        "continuity_conversations": 2,  # clean 1 + thinking 1
+        "art_sequences": 3,  # clean 1 + thinking 2
     }
     trained = list(
         tokenize_trajectory_groups(
@@ -548,6 +551,7 @@ def test_step_metrics_sum_the_runs_and_count_sequences_as_art_does(qwen2: Any, q
     # Runs given one by one (not as a group) count every run's sequences.
     loose = step_continuity([*group.trajectories])
     assert loose["art_sequences"] == 5 and loose["continuity_breaks"] == 2
+    assert loose["continuity_conversations"] == 3
     assert step_continuity(runs) == loose == step_continuity([run_continuity(t) for t in runs])
     assert step_continuity([])["continuity_break_rate"] == 0.0
 
@@ -563,7 +567,7 @@ def test_a_step_above_the_threshold_warns_once_with_cause_and_fix(qwen2: Any, qw
     assert warning.category is at.TokenContinuityWarning
     message = str(warning.message)
     assert "step 4: 1 of 2 turn boundaries (50%, above 5%)" in message
-    assert "as 3 sequences, not 2" in message
+    assert "(the runs ART trains: 3 sequences for 2 conversations)" in message
     assert "Most common cause: template (1 of 1" in message
     assert "keep the reasoning of earlier turns" in message  # the fix
     assert _continuity.DOCS in message and (Path(__file__).parents[1] / _continuity.DOCS).is_file()

@@ -25,6 +25,21 @@ before every known assistant turn is ``other`` (a changed system prompt, a trimm
 summarised history). Policy turns ART does not train (most often: the server sent no token
 ids) are not checked; they are counted as ``unknown``.
 
+An agent that changes an earlier message (a timestamp in the system prompt, an edited user
+message or tool result, a trimmed history, reasoning stripped from its own turn) sends
+messages that extend no conversation: its call starts a conversation that *continues* the
+earlier one (``arttrace.capture._conversations``: it sends back that conversation's latest
+turn and keeps its first message or an edit of it). The step from the earlier conversation's
+last trained turn into it is a boundary like any other, and a break (cause ``other``, the edit
+named: ``system``, ``user``, ``assistant``, ``tool`` or ``trimmed``) when the prompt no longer
+extends it: it costs a repeated prompt as any break does. A sub-agent (its own system prompt
+and task) is a conversation of its own: its first turn is no boundary.
+
+The causes ``template`` and ``retokenized`` are told apart by the text when a tokenizer is at
+hand (given, the Trainer's, or the model's found offline; ART's LocalBackend serves the model
+as ``name@step``, which the Trainer matches to its base model); else the sampled message
+decides, and the break counts as ``guessed``.
+
 The check runs when a run is converted to ART (:meth:`Trajectory.to_art`), never on the
 capture path; ``bench/bench_continuity.py`` measures it.
 """
@@ -32,13 +47,16 @@ capture path; ``bench/bench_continuity.py`` measures it.
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import re
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .capture._conversations import Conversation, Turn
+from .capture._conversations import Continuation, Conversation, Edit, Turn
 
 if TYPE_CHECKING:
     import art
@@ -47,9 +65,11 @@ if TYPE_CHECKING:
 
 Cause = Literal["template", "retokenized", "other"]
 CAUSES: tuple[Cause, ...] = ("template", "retokenized", "other")
+EDITS: tuple[Edit, ...] = ("system", "user", "assistant", "tool", "trimmed")
 WARN_RATE = 0.05
 """A step whose break rate (breaks / turn boundaries checked) is above this warns."""
 DOCS = "docs/continuity.md"
+_log = logging.getLogger("arttrace")
 Decode = Callable[[Sequence[int]], str]
 """Token ids to text, special tokens kept."""
 
@@ -59,6 +79,8 @@ METADATA_KEYS = (
     "continuity_breaks_template",
     "continuity_breaks_retokenized",
     "continuity_breaks_other",
+    "continuity_breaks_guessed",
+    *(f"continuity_edits_{edit}" for edit in EDITS),
     "continuity_unknown_turns",
     "continuity_conversations",
     "art_sequences",
@@ -79,9 +101,14 @@ class Break:
     """The first token position where its prompt differs from the previous prompt and
     sampled ids."""
     cause: Cause
-    decided_by: Literal["text", "ids"]
-    """``text``: the decoded texts were compared; ``ids``: the ids (and the sampled message)
-    decided, no tokenizer being at hand."""
+    decided_by: Literal["text", "ids", "messages", "guess"]
+    """``text``: the decoded texts were compared; ``ids``: the ids alone decided (ids removed
+    or added outright); ``messages``: the agent changed an earlier message (:attr:`edit`);
+    ``guess``: no tokenizer was at hand and the ids could not decide, so the sampled message
+    did (reasoning or tool calls: ``template``, else ``retokenized``)."""
+    edit: Edit | None = None
+    """What the agent changed, for a conversation it carried on after changing an earlier
+    message: the first changed message's role, or ``trimmed`` (messages removed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +121,9 @@ class RunContinuity:
     unknown_turns: int
     """Policy turns ART will not train (most often: no token ids), not checked."""
     conversations: int
-    """Conversations with a trained turn: the fewest sequences ART could train the run as."""
+    """Conversations with a trained turn, a conversation the agent carried on after changing
+    an earlier message counted with the one it continues: the fewest sequences ART could
+    train the run as."""
     sequences: int
     """Sequences ART will train the run as (0: nothing to train)."""
 
@@ -108,6 +137,11 @@ class RunContinuity:
         found = Counter(b.cause for b in self.breaks)
         return {cause: found[cause] for cause in CAUSES}
 
+    def edits(self) -> dict[Edit, int]:
+        """Breaks where the agent changed an earlier message, by what it changed."""
+        found = Counter(b.edit for b in self.breaks if b.edit is not None)
+        return {edit: found[edit] for edit in EDITS}
+
     def metadata(self) -> dict[str, int]:
         """What ``to_art()`` adds to the run's metadata (ART accepts scalars only)."""
         counts = self.counts()
@@ -117,6 +151,8 @@ class RunContinuity:
             "continuity_breaks_template": counts["template"],
             "continuity_breaks_retokenized": counts["retokenized"],
             "continuity_breaks_other": counts["other"],
+            "continuity_breaks_guessed": sum(b.decided_by == "guess" for b in self.breaks),
+            **{f"continuity_edits_{edit}": n for edit, n in self.edits().items()},
             "continuity_unknown_turns": self.unknown_turns,
             "continuity_conversations": self.conversations,
             "art_sequences": self.sequences,
@@ -133,12 +169,13 @@ def run_continuity(trajectory: Trajectory, tokenizer: Any = None) -> RunContinui
 def continuity(conversations: Sequence[Conversation], tokenizer: Any = None) -> RunContinuity:
     """:func:`run_continuity` of a run's conversations, main one first (as ``to_art()``
     orders them)."""
-    decode = _as_decode(tokenizer)
+    lookup = _lookup(tokenizer)
     boundaries = unknown = sequences = used = 0
     breaks: list[Break] = []
     before: Turn | None = None  # the turn trained before, in ART's order (across histories)
     for c, conversation in enumerate(conversations):
-        previous: Turn | None = None
+        carried_on = conversation.continues
+        previous = _last_trained(carried_on)  # what a continuation's first turn extends
         spans: list[_Span] = []
         checked = 0
         for item in conversation.items:
@@ -149,26 +186,44 @@ def continuity(conversations: Sequence[Conversation], tokenizer: Any = None) -> 
                 continue
             prompt, sampled = item.call.prompt_token_ids, item.choice.token_ids
             assert prompt is not None and sampled is not None  # a trained turn has both
-            extends = before is not None and _extends(prompt, before)
-            sequences += not extends
+            sequences += before is None or not _extends(prompt, before)
             if previous is None:
                 used += 1
             else:
                 boundaries += 1
-                if not extends:
-                    found = _explain(previous, prompt, spans, decode)
-                    breaks.append(Break(c, checked, found[0], found[1], found[2]))
-                    spans = [s for s in spans if s.end <= found[0]]
+                if not _extends(prompt, previous):
+                    if checked == 0 and carried_on is not None:
+                        at = _diverges(previous, prompt)
+                        breaks.append(Break(c, 0, at, "other", "messages", carried_on.edit))
+                    else:
+                        found = _explain(previous, prompt, spans, lookup)
+                        breaks.append(Break(c, checked, *found))
+                        at = found[0]
+                    spans = [s for s in spans if s.end <= at]
             spans.append(_Span(len(prompt), len(prompt) + len(sampled), item))
             previous = before = item
             checked += 1
     return RunContinuity(boundaries, tuple(breaks), unknown, used, sequences)
 
 
+def _last_trained(carried_on: Continuation | None) -> Turn | None:
+    """The last trained turn a continuation carries on from: of the conversation it continues,
+    up to the turn it sent back, or further back along the conversations that one continues."""
+    while carried_on is not None:
+        items = carried_on.of.items
+        end = next(i for i, item in enumerate(items) if item is carried_on.turn)
+        for item in reversed(items[: end + 1]):
+            if isinstance(item, Turn) and item.trainable:
+                return item
+        carried_on = carried_on.of.continues
+    return None
+
+
 def step_continuity(runs: Iterable[Any]) -> dict[str, float]:
     """A step's continuity metrics over ``runs``: ART trajectories (``to_art()``'s, read from
-    their metadata), ART groups (their trajectories; ``art_sequences`` then leaves out the
-    runs ART skips, those whose advantage is 0), arttrace trajectories or
+    their metadata), ART groups (their trajectories; ``art_sequences`` and
+    ``continuity_conversations`` then leave out the runs ART skips, those whose advantage is
+    0, so that the two compare), arttrace trajectories or
     :class:`RunContinuity`."""
     totals = dict.fromkeys(METADATA_KEYS, 0)
     for run in runs:
@@ -207,9 +262,13 @@ def _group_metadata(group: art.TrajectoryGroup) -> Iterable[tuple[str, int]]:
     mean = sum(rewards) / len(rewards) if rewards else 0.0
     for t in runs:
         for key, value in _run_metadata(t):
-            if key == "art_sequences" and (flat or t.reward - mean == 0):
+            if key in ART_COUNTS and (flat or t.reward - mean == 0):
                 continue
             yield key, value
+
+
+ART_COUNTS = frozenset({"art_sequences", "continuity_conversations"})
+"""The keys a step sums over the runs ART trains only (the two the warning compares)."""
 
 
 def check_warn_rate(value: Any) -> float:
@@ -227,35 +286,70 @@ def check_warn_rate(value: Any) -> float:
 
 def warn_continuity(step: int, metrics: Mapping[str, float], threshold: float = WARN_RATE) -> bool:
     """Warn (:class:`~arttrace.TokenContinuityWarning`, once: call it once per step) when the
-    step's break rate is above ``threshold``, with the most common cause and its fix. Returns
-    whether it warned."""
+    step's break rate is above ``threshold``, with the most common cause (all of them, on a
+    tie) and its fix. Returns whether it warned."""
     from .capture._warnings import TokenContinuityWarning, warn_every_time
 
     rate = metrics.get("continuity_break_rate", 0.0)
     if not rate > threshold:
         return False
-    breaks = int(metrics["continuity_breaks"])
-    counts = {c: int(metrics.get(f"continuity_breaks_{c}", 0)) for c in CAUSES}
-    cause = max(CAUSES, key=lambda c: counts[c])
-    unknown = int(metrics.get("continuity_unknown_turns", 0))
+    warn_every_time(
+        f"arttrace: step {step}: {continuity_message(metrics, threshold)}",
+        TokenContinuityWarning,
+    )
+    return True
+
+
+def continuity_message(metrics: Mapping[str, float], threshold: float = WARN_RATE) -> str:
+    """What :func:`warn_continuity` says about a step's ``metrics`` (its prefix aside)."""
+
+    def n(key: str) -> int:
+        return int(metrics.get(key, 0))
+
+    breaks, rate = n("continuity_breaks"), metrics.get("continuity_break_rate", 0.0)
+    counts = {c: n(f"continuity_breaks_{c}") for c in CAUSES}
+    top = max(counts.values())
+    causes = [c for c in CAUSES if counts[c] == top]
+    if len(causes) == 1:
+        named = f"Most common cause: {causes[0]} ({top} of {breaks}"
+    else:
+        named = f"Most common causes, tied: {' and '.join(causes)} ({top} each of {breaks}"
+    edits = {e: n(f"continuity_edits_{e}") for e in EDITS}
+    edited = sum(edits.values())
+    changed = (
+        f" {edited} of the other breaks are earlier messages the agent changed between calls ("
+        + ", ".join(f"{e}: {k}" for e, k in edits.items() if k)
+        + ")."
+        if edited
+        else ""
+    )
+    guessed = n("continuity_breaks_guessed")
+    guess = (
+        f" The cause of {guessed} of the breaks is a guess from the sampled message (no "
+        "tokenizer of the model was at hand to compare texts): give the Trainer one "
+        "(Trainer(tokenizer=...): a model name in the Hugging Face cache, a folder, or a "
+        "tokenizer)."
+        if guessed
+        else ""
+    )
+    unknown = n("continuity_unknown_turns")
     unchecked = (
         f" {unknown} policy turns were not checked (no token ids, or otherwise not "
         "trainable): ask the server for their ids (return_token_ids)."
         if unknown
         else ""
     )
-    warn_every_time(
-        f"arttrace: step {step}: {breaks} of {int(metrics['continuity_boundaries'])} turn "
-        f"boundaries ({rate:.0%}, above {threshold:.0%}) break token continuity: a turn's "
-        "prompt token ids do not extend the previous turn's prompt and sampled ids, so ART "
-        f"trains these runs as {int(metrics['art_sequences'])} sequences, not "
-        f"{int(metrics['continuity_conversations'])} (one per conversation), repeating "
-        f"their prompts. Most common cause: {cause} ({counts[cause]} of {breaks}; "
-        + ", ".join(f"{c}: {n}" for c, n in counts.items())
-        + f"). {FIXES[cause]}{unchecked} See {DOCS}.",
-        TokenContinuityWarning,
+    return (
+        f"{breaks} of {n('continuity_boundaries')} turn boundaries ({rate:.0%}, above "
+        f"{threshold:.0%}) break token continuity: a turn's prompt token ids do not extend the "
+        "previous turn's prompt and sampled ids, so ART starts a new sequence there and "
+        f"repeats the prompt (the runs ART trains: {n('art_sequences')} sequences for "
+        f"{n('continuity_conversations')} conversations). {named}; "
+        + ", ".join(f"{c}: {k}" for c, k in counts.items())
+        + f").{changed} "
+        + " ".join(FIXES[c] for c in causes)
+        + f"{guess}{unchecked} See {DOCS}."
     )
-    return True
 
 
 FIXES: dict[Cause, str] = {
@@ -301,9 +395,17 @@ def _extends(prompt: Sequence[int], before: Turn) -> bool:
     return len(prompt) >= n + m and prompt[:n] == head and prompt[n : n + m] == sampled
 
 
+def _diverges(previous: Turn, prompt: Sequence[int]) -> int:
+    """The first position where ``prompt`` leaves the previous turn's prompt and sampled ids."""
+    head, sampled = previous.call.prompt_token_ids, previous.choice.token_ids
+    assert head is not None and sampled is not None
+    head, sampled, given = _alike(head, sampled, prompt)
+    return _common_prefix(head + sampled, given)
+
+
 def _explain(
-    previous: Turn, prompt: Sequence[int], spans: list[_Span], decode: Decode | None
-) -> tuple[int, Cause, Literal["text", "ids"]]:
+    previous: Turn, prompt: Sequence[int], spans: list[_Span], lookup: Lookup
+) -> tuple[int, Cause, Literal["text", "ids", "guess"]]:
     """Where ``prompt`` leaves the previous turn's prompt and sampled ids, and why."""
     head, sampled = previous.call.prompt_token_ids, previous.choice.token_ids
     assert head is not None and sampled is not None
@@ -325,17 +427,17 @@ def _explain(
     back = _common_prefix(ours[front:][::-1], theirs[front:][::-1])
     if front + back in (len(ours), len(theirs)):  # ids only removed or only added
         return at, "template", "ids"
-    decode = decode or _offline_decode(span.turn)
+    decode = lookup(span.turn)
     if decode is not None:
         try:
             same = decode(ours) == decode(theirs)
-        except Exception:  # a tokenizer that cannot decode these ids: the ids decide
+        except Exception:  # a tokenizer that cannot decode these ids: a guess
             pass
         else:
             return at, "retokenized" if same else "template", "text"
     message = span.turn.choice.message
     shaped = message.get("tool_calls") or _reasoning(message)
-    return at, "template" if shaped else "retokenized", "ids"
+    return at, "template" if shaped else "retokenized", "guess"
 
 
 def _alike(*ids: Sequence[int]) -> list[array[int]]:
@@ -371,6 +473,20 @@ def _reasoning(message: Mapping[str, Any]) -> bool:
 
 # -- tokenizers --------------------------------------------------------------------------------
 
+Lookup = Callable[[Turn], Decode | None]
+"""The tokenizer of a turn's model, or ``None`` when there is none at hand."""
+
+
+def _lookup(tokenizer: Any) -> Lookup:
+    """``continuity``'s ``tokenizer`` as a lookup: a :class:`PolicyTokenizer` (the Trainer's),
+    one tokenizer for every turn, or (``None``) each turn's model's found offline."""
+    if isinstance(tokenizer, PolicyTokenizer):
+        return tokenizer.for_turn
+    decode = _as_decode(tokenizer)
+    if decode is None:
+        return _offline_decode
+    return lambda turn: decode
+
 
 def _as_decode(tokenizer: Any) -> Decode | None:
     """``tokenizer`` as a function of ids: a Hugging Face or ``tokenizers`` tokenizer, the
@@ -391,11 +507,75 @@ def _as_decode(tokenizer: Any) -> Decode | None:
     )
 
 
+class PolicyTokenizer:
+    """The trained model's tokenizer, as the Trainer knows it: the one it was given (a model
+    name in the Hugging Face cache, a folder, or a tokenizer), else its model's
+    ``base_model``'s when this machine holds it (nothing is downloaded), for the turns served
+    under the model's name, ``name@step`` (ART's LocalBackend) or the base model's; other
+    turns' models are looked for offline. Loaded when a break first needs it (a tokenizer
+    takes a second or so to load)."""
+
+    def __init__(self, given: Any = None, model: Callable[[], Any] = lambda: None) -> None:
+        named = isinstance(given, str | os.PathLike)
+        self._decode = None if named else _as_decode(given)
+        self.given = os.fspath(given) if named else None
+        self._model = model
+        """The ART model, once there is one (a factory builds it later)."""
+
+    @classmethod
+    def for_trainer(cls, given: Any, model: Callable[[], Any]) -> PolicyTokenizer:
+        """``Trainer(tokenizer=given)`` for the ART model ``model()`` gives, or a
+        ``ConfigurationError`` saying what is wrong with ``given``."""
+        from ._errors import ConfigurationError
+
+        if isinstance(given, str | os.PathLike):
+            from .viewer import _tokens
+
+            folder, wrong = _tokens.locate(os.fspath(given))
+            if folder is None:
+                reason = wrong.split(": ", 1)[-1].replace("the viewer never", "arttrace never")
+                raise ConfigurationError(f"Trainer(tokenizer={os.fspath(given)!r}): {reason}")
+        elif given is not None and not (hasattr(given, "decode") or callable(given)):
+            raise ConfigurationError(
+                "Trainer(tokenizer=...) takes the model's tokenizer: a model name in the "
+                "Hugging Face cache, a folder holding it, a tokenizer (transformers or "
+                f"tokenizers), or a function of token ids to text; got {type(given).__name__}"
+            )
+        return cls(given, model)
+
+    def served(self, model: str) -> bool:
+        """``model`` is the trained model as a server names it: its name, ``name@step``, or
+        its base model."""
+        art_model = self._model()
+        name, base = getattr(art_model, "name", None), getattr(art_model, "base_model", None)
+        if isinstance(base, str) and model == base:
+            return True
+        return (
+            isinstance(name, str) and re.fullmatch(re.escape(name) + r"(@\d+)?", model) is not None
+        )
+
+    def for_turn(self, turn: Turn) -> Decode | None:
+        if self._decode is not None:
+            return self._decode
+        if self.given is not None:
+            return _decoder_named(self.given, warn=True)
+        base = getattr(self._model(), "base_model", None)
+        names = [n for n in (turn.call.response_model, turn.call.model) if n]
+        if isinstance(base, str) and base and any(self.served(n) for n in names):
+            decode = _decoder_named(base)
+            if decode is not None:
+                return decode
+        return _offline_decode(turn)
+
+
 def _offline_decode(turn: Turn) -> Decode | None:
     """The tokenizer of the turn's model, if this machine holds it (a local folder, or the
-    Hugging Face cache; never downloaded): the viewer's lookup."""
+    Hugging Face cache; never downloaded): the viewer's lookup. A name served as
+    ``model@step`` is also tried without its step."""
     call = turn.call
-    for name in dict.fromkeys(n for n in (call.response_model, call.model) if n):
+    names = [n for n in (call.response_model, call.model) if n]
+    names += [n.rsplit("@", 1)[0] for n in names if re.search(r"@\d+$", n)]
+    for name in dict.fromkeys(names):
         decode = _decoder_named(name)
         if decode is not None:
             return decode
@@ -403,8 +583,9 @@ def _offline_decode(turn: Turn) -> Decode | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _decoder_named(name: str) -> Decode | None:
-    """Loaded once per model name and process (a tokenizer takes a second or so to load)."""
+def _decoder_named(name: str, warn: bool = False) -> Decode | None:
+    """Loaded once per model name and process (a tokenizer takes a second or so to load).
+    ``warn``: a tokenizer the user named that fails to load is logged (once), not silent."""
     try:
         from pathlib import Path
 
@@ -413,7 +594,20 @@ def _decoder_named(name: str) -> Decode | None:
         path = Path(name).expanduser()
         folder = path if path.is_dir() else _tokens.cached_folder(name)
         if folder is None:
+            if warn:
+                _log.warning(
+                    "arttrace: the tokenizer %s is not a folder here nor in the Hugging Face "
+                    "cache; token continuity guesses the causes of breaks without it",
+                    name,
+                )
             return None
         return _as_decode(_tokens.load(_tokens.Found(str(folder), name, "continuity")))
-    except Exception:  # no tokenizer here: the ids decide
+    except Exception as error:  # no tokenizer here: the ids, then the messages, decide
+        if warn:
+            _log.warning(
+                "arttrace: the tokenizer %s cannot be loaded (%s); token continuity guesses "
+                "the causes of breaks without it",
+                name,
+                error,
+            )
         return None

@@ -1,20 +1,45 @@
 """Assembly: the calls of one trajectory become conversations.
 
 A call whose messages extend an earlier conversation (that conversation's messages and sampled
-turns, in order) continues it; a call that extends none starts another one (a sub-agent, a
-summariser, a context reset). With ``n > 1`` the first choice continues the conversation and
-each other choice branches off it; a branch repeats the shared prefix as context only, so no
-sampled turn is trained twice.
+turns, in order) continues it; a call that extends none starts another one. With ``n > 1`` the
+first choice continues the conversation and each other choice branches off it; a branch repeats
+the shared prefix as context only, so no sampled turn is trained twice.
+
+A call that extends none may still be the same agent carrying on after it changed an earlier
+message (a timestamp in the system prompt, an edited user message or tool result, a trimmed
+history, reasoning stripped from its own turn): its new conversation *continues* the earlier
+one (:class:`Continuation`). The rule, which a sub-agent (its own system prompt and task) or a
+fresh attempt at the task does not meet:
+
+1. the call sends back the earlier conversation's latest sampled turn (leniently: a
+   ``<think>`` block and surrounding whitespace aside): only the agent that got an answer
+   carries it on; and
+2. its first message is the earlier conversation's first message, or an edit of it: the same
+   role, with at least half of the text in common at its start and end (a timestamp, a
+   counter, a note appended).
+
+Of several such conversations, the one whose turn comes latest in the call's messages wins,
+then the one sampled last. Token continuity (``arttrace._continuity``) counts the step from
+the earlier conversation into its continuation as a turn boundary (a break, cause ``other``,
+when the prompt no longer extends the earlier one, as it almost never does); the run's main
+conversation is the one holding its last policy turn (:func:`main_first`), and a reader who
+wants each conversation once reads :meth:`Conversation.timeline` of :func:`latest`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ._records import ChoiceRecord, LLMCall, field_of
+
+Edit = Literal["system", "user", "assistant", "tool", "trimmed"]
+"""What changed first when a conversation continues an earlier one: a message of that role
+was edited (or inserted), or ``trimmed``: earlier messages were removed."""
+SIMILAR = 0.5
+"""How much of an edited first message's text must be kept at its start and end (rule 2)."""
 
 
 @dataclass(slots=True)
@@ -37,11 +62,28 @@ class Turn:
 Item = dict[str, Any] | Turn
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
+class Continuation:
+    """How a conversation carries on an earlier one whose messages the agent changed."""
+
+    of: Conversation
+    """The earlier conversation."""
+    turn: Turn
+    """Its latest sampled turn, which the first call sent back."""
+    resumed_at: int
+    """This conversation's items from here on are new (after that turn)."""
+    edit: Edit
+    """What changed first."""
+    message: int
+    """The index of the first changed message, in the earlier conversation's items."""
+
+
+@dataclass(slots=True, eq=False)
 class Conversation:
     items: list[Item] = field(default_factory=list)
     keys: list[Hashable] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+    continues: Continuation | None = None
 
     @property
     def trainable_turns(self) -> int:
@@ -54,6 +96,17 @@ class Conversation:
         ]
         return Conversation(items, list(self.keys), self.tools)
 
+    def timeline(self) -> list[Item]:
+        """Its items with those of the conversations it continues, each message once: the
+        earliest version of the history (up to the turn sent back), then what each
+        continuation added. A reader (a judge) sees the whole conversation, not one copy of
+        the history per edit."""
+        if self.continues is None:
+            return list(self.items)
+        before = self.continues.of.timeline()
+        cut = next(i for i, item in enumerate(before) if item is self.continues.turn)
+        return [*before[: cut + 1], *self.items[self.continues.resumed_at :]]
+
 
 def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
     conversations: list[Conversation] = []
@@ -62,12 +115,15 @@ def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
             continue
         keys = [message_key(m) for m in call.messages]
         base = _longest_prefix(conversations, keys)
+        continued = None if base is not None else _continued(conversations, call.messages, keys)
         prefix = base.branch() if base is not None else Conversation()
         for i, choice in enumerate(call.choices):
             if i == 0 and base is not None:
                 conversation = base
             else:
                 conversation = prefix.branch()
+                if i == 0:
+                    conversation.continues = continued
                 conversations.append(conversation)
             start = len(conversation.keys)
             conversation.items.extend(call.messages[start:])
@@ -76,6 +132,35 @@ def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
             conversation.keys.append(message_key(choice.message))
             conversation.tools = call.tools
     return conversations
+
+
+def main_first(conversations: Sequence[Conversation]) -> list[Conversation]:
+    """``conversations`` with the main one first, the others in their order. The main one
+    holds the run's last policy turn (its final answer; with ``n > 1``, the first choice's):
+    not a planner called first, nor an early fragment of a conversation the agent edited."""
+    main, last = 0, -1
+    for i, conversation in enumerate(conversations):
+        seq = max(
+            (
+                item.call.seq
+                for item in conversation.items
+                if isinstance(item, Turn) and item.call.trainable and not item.context_only
+            ),
+            default=-1,
+        )
+        if seq > last:
+            main, last = i, seq
+    out = list(conversations)
+    if out:
+        out.insert(0, out.pop(main))
+    return out
+
+
+def latest(conversations: Sequence[Conversation]) -> list[Conversation]:
+    """The conversations no other one continues (in their order): with their
+    :meth:`~Conversation.timeline`, every message of the run once."""
+    continued = {id(c.continues.of) for c in conversations if c.continues is not None}
+    return [c for c in conversations if id(c) not in continued]
 
 
 def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> Conversation | None:
@@ -91,20 +176,125 @@ def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> 
     return best
 
 
+def _continued(
+    conversations: list[Conversation], messages: list[dict[str, Any]], keys: list[Hashable]
+) -> Continuation | None:
+    """The earlier conversation this call carries on after changing its messages (the
+    module's rule), and what changed; ``None`` for a conversation of its own."""
+    if not messages:
+        return None
+    where = {loose_key(m): i for i, m in enumerate(messages)}  # the last place of each
+    best: tuple[int, int, Conversation, int] | None = None
+    for conversation in conversations:
+        turn = conversation.items[-1]
+        if not isinstance(turn, Turn) or turn.context_only:
+            continue
+        at = where.get(loose_key(turn.choice.message))
+        if at is None or not _same_start(conversation.items[0], messages[0]):
+            continue
+        rank = (at, turn.call.seq)
+        if best is None or rank > best[:2]:
+            best = (*rank, conversation, at)
+    if best is None:
+        return None
+    _, _, conversation, at = best
+    turn = conversation.items[-1]
+    assert isinstance(turn, Turn)
+    edit, index = _edit(conversation, keys, at)
+    return Continuation(conversation, turn, at + 1, edit, index)
+
+
+def _same_start(first: Item, message: dict[str, Any]) -> bool:
+    """Rule 2: ``message`` is ``first`` or an edit of it keeping most of its text."""
+    old = first.choice.message if isinstance(first, Turn) else first
+    if old.get("role") != message.get("role"):
+        return False
+    if message_key(old) == message_key(message):
+        return True
+    a, b = _text(old.get("content")), _text(message.get("content"))
+    longest = max(len(a), len(b))
+    if not longest:
+        return True
+    front = _common(a, b)
+    back = _common(a[front:][::-1], b[front:][::-1])
+    return front + back >= SIMILAR * longest
+
+
+def _common(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (bisection: each test compares in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _edit(conversation: Conversation, keys: list[Hashable], at: int) -> tuple[Edit, int]:
+    """What the call changed in ``conversation``'s history before its latest turn (which sits
+    at ``keys[at]``), and where: the first message that differs, ``trimmed`` when the call's
+    history is the earlier one with messages left out, the first one added when it is the
+    earlier one with messages put in."""
+    old, new = conversation.keys[:-1], keys[:at]
+    front = 0
+    while front < min(len(old), len(new)) and old[front] == new[front]:
+        front += 1
+    if front == len(old) == len(new):  # only the turn itself differs (reasoning stripped)
+        return "assistant", len(old)
+    if len(new) < len(old) and _subsequence(new, old):
+        return "trimmed", front
+    if front == len(old) or (len(new) > len(old) and _subsequence(old, new)):
+        return _kind(_role(new[front])), front
+    return _kind(_role(old[front])), front
+
+
+def _role(key: Hashable) -> Any:
+    return key[0] if isinstance(key, tuple) and key else None
+
+
+def _kind(role: Any) -> Edit:
+    if role in ("system", "developer"):
+        return "system"
+    if role == "assistant":
+        return "assistant"
+    if role in ("tool", "function"):
+        return "tool"
+    return "user"
+
+
+def _subsequence(short: Sequence[Hashable], long: Sequence[Hashable]) -> bool:
+    rest = iter(long)
+    return all(any(k == x for x in rest) for k in short)
+
+
 def message_key(message: dict[str, Any]) -> Hashable:
     """What identifies a message when comparing conversations.
 
     Lenient where frameworks differ without changing meaning: missing vs null vs empty content,
     text parts vs a string, surrounding whitespace, tool-call ids, JSON argument formatting.
     """
-    calls = tuple(
+    return (message.get("role"), _text(message.get("content")), _calls(message))
+
+
+def loose_key(message: dict[str, Any]) -> Hashable:
+    """:func:`message_key` with a ``<think>`` block left out of the text: an agent that strips
+    the reasoning from its own turn still sends that turn back."""
+    text = _text(message.get("content"))
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1].strip()
+    return (message.get("role"), text, _calls(message))
+
+
+def _calls(message: dict[str, Any]) -> tuple[tuple[Any, str], ...]:
+    return tuple(
         (
             field_of(field_of(tc, "function"), "name"),
             _arguments(field_of(field_of(tc, "function"), "arguments")),
         )
         for tc in message.get("tool_calls") or ()
     )
-    return (message.get("role"), _text(message.get("content")), calls)
 
 
 def _text(content: Any) -> str:

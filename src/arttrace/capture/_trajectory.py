@@ -18,7 +18,7 @@ from opentelemetry import trace
 from .._errors import ConfigurationError, UsageError
 from . import _context
 from ._calls import CallLog
-from ._conversations import Conversation, assemble
+from ._conversations import Conversation, assemble, main_first
 from ._guard import guarded
 from ._layers import merge_layers
 from ._records import LLMCall
@@ -164,22 +164,20 @@ class Trajectory:
         return merge_layers(self.call_log.records)
 
     def conversations(self) -> list[Conversation]:
-        """The calls assembled into conversations, the main one first."""
-        conversations = assemble(self.calls)
-        main = next((i for i, c in enumerate(conversations) if c.trainable_turns), 0)
-        if conversations:
-            conversations.insert(0, conversations.pop(main))
-        return conversations
+        """The calls assembled into conversations, the main one first: the one holding the
+        run's last policy turn (its final answer; ``arttrace.capture._conversations``)."""
+        return main_first(assemble(self.calls))
 
     @property
     def trainable_turns(self) -> int:
         return sum(c.trainable_turns for c in self.conversations())
 
-    def to_art(self) -> art.Trajectory:
+    def to_art(self, tokenizer: Any = None) -> art.Trajectory:
         """This run as an ``art.Trajectory``: the main conversation in ``messages_and_choices``,
         the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``. Its
         metadata adds the run's token continuity (``continuity_*`` and ``art_sequences``, the
-        sequences ART will train it as; ``docs/continuity.md``)."""
+        sequences ART will train it as; ``docs/continuity.md``). ``tokenizer``: the model's,
+        to tell the causes of breaks apart (else one is looked for on this machine)."""
         if self._reward is None:
             raise ConfigurationError(
                 f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
@@ -191,7 +189,7 @@ class Trajectory:
         main, *others = self.conversations() or [Conversation()]
         checked: dict[str, int] = {}
         with guarded("checking a run's token continuity"):
-            checked = continuity([main, *others]).metadata()
+            checked = continuity([main, *others], tokenizer).metadata()
         logs = [] if self.exception is None else [self.exception["traceback"]]
         import art
 

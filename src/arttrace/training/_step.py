@@ -292,7 +292,7 @@ def build_groups(
     for pos, index in enumerate(indices):
         slots = [(pos, k) for k in range(group_size)]
         ok = [
-            done[s].to_art()
+            done[s].to_art(trainer.continuity_tokenizer)
             for s in slots
             if done[s].exception is None and done[s].reward is not None and s not in left_out
         ]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._continuity import check_warn_rate
+from .._continuity import PolicyTokenizer, check_warn_rate
 from .._errors import ConfigurationError, UsageError
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
@@ -134,6 +134,13 @@ class Trainer[ExampleT]:
             it the call is cancelled and the step fails with :class:`~arttrace.TrainingError`;
             its groups stay in the journal and ``resume=True`` ships them, after asking the
             backend whether the cancelled call trained them.
+        rollout_timeout: Seconds one run (the rollout and its ``reward_fn``) may take, in
+            training and validation (default ``None``: no limit, since what is long depends
+            on the agent; an LLM call that never answers then holds its step for the client's
+            own timeout, 600 s for OpenAI's). Past it the run is stopped where it runs (here,
+            or on its Ray worker) and fails with :class:`~arttrace.RolloutTimeoutError`,
+            counted under ``max_exceptions``; it is journaled with the calls it recorded. A
+            sync rollout's thread cannot be stopped: it runs on, unrecorded.
         log_to_model: Send each step's metrics to ``model.log`` (ART's history, W&B).
         progress: Show a progress bar of the step's runs and their mean reward, and one line
             on stderr per step and validation: rewards, groups shipped (or why none did),
@@ -143,6 +150,12 @@ class Trainer[ExampleT]:
             the most common cause and its fix (:class:`~arttrace.TokenContinuityWarning`).
             Every step reports ``continuity_*`` and ``art_sequences`` in its metrics; see
             docs/continuity.md.
+        tokenizer: The model's tokenizer, which tells the causes of continuity breaks apart
+            (``template`` or ``retokenized``): a model name in the Hugging Face cache, a
+            folder holding it, or a tokenizer (transformers or tokenizers). Default: the
+            model's ``base_model``'s when this machine holds it (nothing is downloaded), for
+            turns served as the model's name or ``name@step``; without one, the causes are
+            guessed (``continuity_breaks_guessed``).
         **train_kwargs: Passed to ``backend.train`` unchanged (``kl_penalty_coef``,
             ``loss_fn``, ...). Each name is checked when the Trainer is built, against the
             backend's ``train`` signature (or, when it takes ``**kwargs``, the keywords of
@@ -178,9 +191,11 @@ class Trainer[ExampleT]:
         train_retries: int = 3,
         retry_delay: float = 1.0,
         train_timeout: float | None = None,
+        rollout_timeout: float | None = None,
         log_to_model: bool = True,
         progress: bool = True,
         continuity_warn_rate: float = 0.05,
+        tokenizer: Any = None,
         **train_kwargs: Any,
     ) -> None:
         self.config = TrainerConfig(
@@ -195,6 +210,7 @@ class Trainer[ExampleT]:
             train_retries=train_retries,
             retry_delay=retry_delay,
             train_timeout=train_timeout,
+            rollout_timeout=rollout_timeout,
             log_to_model=log_to_model,
             progress=progress,
             train_kwargs=train_kwargs,
@@ -216,12 +232,15 @@ class Trainer[ExampleT]:
         self.continuity_warn_rate = check_warn_rate(continuity_warn_rate)
         start_art_import()  # rollouts need only capture: ART loads meanwhile
         self.models = TrainerModel(model, backend)
+        self.continuity_tokenizer = PolicyTokenizer.for_trainer(
+            tokenizer, lambda: self.models.built
+        )
         self.backend = backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
         check_group_reward(group_reward)
         self.group_reward = group_reward
         own = own_reward if group_reward is not None and reward_fn is None else reward_fn
-        self._runner = RolloutRunner(rollout, own, max_concurrency)
+        self._runner = RolloutRunner(rollout, own, max_concurrency, rollout_timeout)
         self.schedule = Schedule(
             read_dataset(train_dataset, "train_dataset"),
             groups_per_step=groups_per_step,
@@ -267,7 +286,9 @@ class Trainer[ExampleT]:
 
     @rollout.setter
     def rollout(self, rollout: Rollout[ExampleT]) -> None:
-        self._runner = RolloutRunner(rollout, self._runner.reward_fn, self.config.max_concurrency)
+        self._runner = RolloutRunner(
+            rollout, self._runner.reward_fn, self.config.max_concurrency, self._runner.timeout
+        )
         self._bind()
 
     def _bind(self) -> None:
