@@ -492,6 +492,141 @@ def test_a_branch_of_n_2_is_its_own_sequence_as_in_art(qwen2: Any) -> None:
     assert art_sequences(qwen2, t) == [2]
 
 
+# -- an agent that edits earlier messages ------------------------------------------------------
+
+SYSTEM = "You add numbers with the add tool, one step at a time."
+TASK = "What is 1+2+3+4?"
+
+
+def tool_agent(run: Run, edit: Any, turns: int = 3) -> list[dict[str, Any]]:
+    """A tool loop of ``turns`` calls (tool calls, then the answer) whose agent sends
+    ``edit(history, i)`` at call ``i`` in place of its history. Returns the history."""
+    history = [{"role": "system", "content": SYSTEM}, user(TASK)]
+    for i in range(turns):
+        last = i == turns - 1
+        reply = (
+            assistant("It is 10.")
+            if last
+            else assistant(None, tool_calls=[tool_call(f'{{"a": {i}, "b": 1}}')])
+        )
+        got = run.turn(edit(copy.deepcopy(history), i), reply)
+        history.append(got)
+        if not last:
+            history.append({"role": "tool", "tool_call_id": "call_1", "content": f"{i + 1}"})
+    return history
+
+
+def timestamp(history: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    history[0]["content"] = f"{SYSTEM} The time is 12:{i:02d}."
+    return history
+
+
+def tries_left(history: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    history[1]["content"] = f"{TASK} ({9 - i} tries left)"
+    return history
+
+
+def older_results_cut(history: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    tools = [m for m in history if m["role"] == "tool"]
+    for m in tools[:-1]:
+        m["content"] = "(cut)"
+    return history
+
+
+def trimmed(history: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    return history[:2] + history[-2:] if len(history) > 4 else history
+
+
+@pytest.mark.parametrize(
+    ("edit", "kind", "breaks"),
+    [
+        (timestamp, "system", [1, 2]),
+        (tries_left, "user", [1, 2]),
+        (older_results_cut, "tool", [2]),  # call 1 has one result: nothing cut yet
+        (trimmed, "trimmed", [2]),  # call 2 drops the first tool call and its result
+    ],
+)
+def test_an_edited_earlier_message_continues_the_conversation_with_an_other_break(
+    qwen2: Any, edit: Any, kind: str, breaks: list[int]
+) -> None:
+    """The agent changes an earlier message between calls: each such call extends no
+    conversation, yet it is the same agent carrying on (it sends back its latest turn).
+    Each change is a boundary and an ``other`` break, the edit named; ART's count agrees."""
+    run = Run(qwen2, TOOLS)
+    tool_agent(run, edit)
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert found.conversations == 1 and found.boundaries == 2
+    assert [(b.turn, b.cause, b.decided_by, b.edit) for b in found.breaks] == [
+        (0, "other", "messages", kind) for _ in breaks
+    ]
+    assert found.sequences == 1 + len(breaks) == art_sequences(qwen2, t)[0]
+    metadata = t.to_art().metadata
+    assert metadata["continuity_breaks_other"] == len(breaks)
+    assert metadata[f"continuity_edits_{kind}"] == len(breaks)
+    assert metadata["continuity_conversations"] == 1
+
+
+def test_a_ten_turn_agent_with_a_timestamp_breaks_at_every_turn(qwen2: Any) -> None:
+    """The issue's agent: a timestamp in the system prompt, ten turns: ART trains ten
+    sequences, each repeating the history; the rate says so (it said 0)."""
+    run = Run(qwen2, TOOLS)
+    tool_agent(run, timestamp, turns=10)
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert (found.boundaries, len(found.breaks), found.break_rate) == (9, 9, 1.0)
+    assert {b.edit for b in found.breaks} == {"system"} and found.conversations == 1
+    assert found.sequences == 10 == art_sequences(qwen2, t)[0]
+    main, *others = t.conversations()
+    assert main.items[-1].choice.message["content"] == "It is 10."  # the final answer's
+    assert len(others) == 9 and len(main.timeline()) == 2 + 9 * 2 + 1
+
+
+def test_reasoning_the_agent_strips_from_its_own_turn_is_an_assistant_edit(qwen3: Any) -> None:
+    """No reasoning parser: the model's ``<think>`` block comes back in the content, and the
+    agent strips it before sending the turn back. Qwen3 would have kept it (a tool loop)."""
+    run = Run(qwen3, TOOLS)
+    history = [user("What is 2+3?")]
+    got = run.turn(
+        history,
+        assistant("<think>\nI add.\n</think>\n\n", tool_calls=[tool_call('{"a": 2, "b": 3}')]),
+    )
+    sampled = run.calls[0].choices[0].token_ids
+    assert sampled is not None and "<think>" in qwen3.decode(sampled)
+    history += [
+        {**got, "content": ""},  # stripped by the agent
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    run.turn(history, assistant("It is 5."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert [(b.cause, b.decided_by, b.edit) for b in found.breaks] == [
+        ("other", "messages", "assistant")
+    ]
+    assert found.conversations == 1 and found.sequences == 2 == art_sequences(qwen3, t)[0]
+
+
+def test_separate_conversations_stay_separate(qwen2: Any) -> None:
+    """Not continuations: a critic with its own system prompt given the agent's history, a
+    sub-agent asked again with another task, and a fresh attempt (a new timestamp, without
+    the earlier answer). No boundary among them, as ART trains them: one sequence each."""
+    run = Run(qwen2)
+    main = [{"role": "system", "content": f"{SYSTEM} The time is 12:00."}, user(TASK)]
+    main.append(run.turn(main, assistant("It is 10.")))
+    critic = [{"role": "system", "content": "You critique answers."}, *main[1:]]
+    run.turn([*critic, user("Is it right?")], assistant("Yes."))
+    summary = {"role": "system", "content": "You summarise."}
+    run.turn([summary, user("Summarise: 1+2.")], assistant("Three."))
+    run.turn([summary, user("Summarise: 3+4.")], assistant("Seven."))
+    retry = [{"role": "system", "content": f"{SYSTEM} The time is 12:05."}, user(TASK)]
+    run.turn(retry, assistant("Ten."))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert (found.boundaries, found.breaks, found.conversations) == (0, (), 5)
+    assert all(c.continues is None for c in t.conversations())
+    assert found.sequences == 5 == art_sequences(qwen2, t)[0]
+
+
 # -- a step -------------------------------------------------------------------------------------
 
 
