@@ -231,6 +231,24 @@ async def test_only_the_latest_checkpoints_stay_on_disk_by_default(backend, tmp_
         at.CPUBackend(keep_checkpoints=0)
 
 
+async def test_a_cancelled_train_still_counts_the_step_it_trained(backend, tmp_path):
+    """Cancelling ``train`` (a notebook's interrupt, Ctrl-C under asyncio.run, a timeout)
+    cannot stop the thread that changes the weights: the step count and the checkpoint
+    follow them, and ``_get_step`` waits for that thread, so a resumed Trainer that asks
+    sees the groups trained and does not train them twice."""
+    model = await registered(backend, tmp_path)
+    group = await _rewarded_group(model.openai_client())
+    before = await backend._get_step(model)
+    training = asyncio.ensure_future(backend.train(model, [group], learning_rate=1e-3))
+    await asyncio.sleep(0.1)  # the step's thread is running
+    training.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await training
+    assert await backend._get_step(model) == before + 1
+    checkpoints = tmp_path / "test" / "models" / "t" / "checkpoints"
+    assert (checkpoints / f"{before + 1:04d}" / "config.json").exists()
+
+
 async def _rewarded_group(client: openai.AsyncOpenAI) -> art.TrajectoryGroup:
     """Two hot samples of one prompt, captured, rewarded 1 and 0."""
     at.instrument()

@@ -97,6 +97,8 @@ class CPUBackend:
         self._server: PolicyServer | None = None
         self._model: Any = None
         self._step = 0
+        self._training: asyncio.Future[dict[str, float]] | None = None
+        """The last ``train``'s thread (it outlives a cancelled caller)."""
         self._seeds = SamplingSeeds(seed, lambda: self._step)
         self._optimizer: torch.optim.Optimizer | None = None
 
@@ -135,6 +137,12 @@ class CPUBackend:
         return str(model.name)
 
     async def _get_step(self, model: Any) -> int:
+        """The steps trained, once a training step still running has ended (its caller was
+        cancelled; see :meth:`train`)."""
+        training = self._training
+        if training is not None and not training.done():
+            with contextlib.suppress(Exception):  # a failed step did not count: its error
+                await asyncio.shield(training)  # went to its own caller
         return self._step
 
     async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
@@ -209,21 +217,31 @@ class CPUBackend:
             if value is not None:
                 config[key] = value  # type: ignore[literal-required]
         groups = list(trajectory_groups)
-        metrics = await asyncio.to_thread(
-            self._train_step,
-            groups,
-            config,
-            learning_rate,
-            advantage_balance,
-            scale_rewards,
-            allow_training_without_logprobs,
-            packed_sequence_length,
-            max_grad_norm,
-        )
-        if metrics.get("num_gradient_steps"):
-            self._step += 1
-            if save_checkpoint:
-                await asyncio.to_thread(self._save, model)
+
+        def step() -> dict[str, float]:
+            """The optimizer step, the step count and the checkpoint, in one thread."""
+            metrics = self._train_step(
+                groups,
+                config,
+                learning_rate,
+                advantage_balance,
+                scale_rewards,
+                allow_training_without_logprobs,
+                packed_sequence_length,
+                max_grad_norm,
+            )
+            if metrics.get("num_gradient_steps"):
+                self._step += 1
+                if save_checkpoint:
+                    self._save(model)
+            return metrics
+
+        # Cancelling the caller (a notebook's interrupt, Ctrl-C under asyncio.run, a timeout)
+        # cannot stop the thread: the weights change whatever happens. So the step count and
+        # the checkpoint change with them, in the thread, and _get_step waits for it: a
+        # resumed Trainer sees that the groups trained and does not train them twice.
+        training = self._training = asyncio.ensure_future(asyncio.to_thread(step))
+        metrics = await asyncio.shield(training)
         return art.TrainResult(step=self._step, metrics=metrics)
 
     async def _train_sft(
