@@ -24,6 +24,12 @@ class TrainingError(ArttraceError, RuntimeError):
     """A step could not complete; what it had finished is in the journal (``resume=True``)."""
 
 
+class RolloutTimeoutError(ArttraceError, TimeoutError):
+    """A run took longer than the Trainer's ``rollout_timeout`` and was stopped. Never raised
+    to the caller: it is the run's ``exception`` (counted under ``max_exceptions``), and the
+    message says how long, what the run had recorded and what to do."""
+
+
 class ResumeError(ConfigurationError):
     """``resume=True`` with settings that differ from the run's saved ones (seed, dataset,
     group size, ...): resuming would group runs under the wrong examples. The message names

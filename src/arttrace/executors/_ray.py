@@ -78,12 +78,24 @@ class _RolloutActor:
     :meth:`ready` (so :meth:`RayExecutor.bind` names it) and fails each rollout with that
     cause."""
 
-    def __init__(self, rollout: bytes, reward_fn: bytes | None, max_concurrency: int) -> None:
+    def __init__(
+        self,
+        rollout: bytes,
+        reward_fn: bytes | None,
+        max_concurrency: int,
+        timeout: float | None = None,
+    ) -> None:
         self.runner: RolloutRunner[Any] | None = None
         self.error: dict[str, Any] | None = None
-        self.load(rollout, reward_fn, max_concurrency)
+        self.load(rollout, reward_fn, max_concurrency, timeout)
 
-    def load(self, rollout: bytes, reward_fn: bytes | None, max_concurrency: int) -> None:
+    def load(
+        self,
+        rollout: bytes,
+        reward_fn: bytes | None,
+        max_concurrency: int,
+        timeout: float | None = None,
+    ) -> None:
         """Run this rollout from now on (a re-bound executor keeps its actors)."""
         from ..training._rollout import RolloutRunner
 
@@ -100,7 +112,7 @@ class _RolloutActor:
         except Exception as error:
             self.error = _load_error("reward_fn", error)
             return
-        self.runner = RolloutRunner(loaded, score, max_concurrency)
+        self.runner = RolloutRunner(loaded, score, max_concurrency, timeout)
 
     def ready(self) -> dict[str, Any]:
         """This worker's frozen format, and why it cannot run rollouts (if so)."""
@@ -571,6 +583,8 @@ class RayExecutor:
         self.max_in_flight = max_in_flight
         self.max_retries = max_retries
         self._pool: _Pool | None = None
+        self._timeout: float | None = None
+        """The Trainer's ``rollout_timeout``, enforced on the worker (and here, as a backstop)."""
         self._connected = False
         self._shared = False
         """Bound on the Ray connection arttrace opened (not on the user's own)."""
@@ -592,7 +606,8 @@ class RayExecutor:
         ]
         self._connect()
         size = self.max_in_flight or concurrency
-        load = (rollout, reward_fn, concurrency)
+        load = (rollout, reward_fn, concurrency, runner.timeout)  # the limit applies there
+        self._timeout = runner.timeout
         pool = self._pool
         if pool is not None and len(pool.members) == size:
             pool.reload(load)
@@ -775,12 +790,19 @@ class RayExecutor:
             meta = metadata()  # once it starts: the policy it samples from
             ref = member.actor.run.remote(example_id, example, meta, wanted)
             try:
-                blob = await ref
+                limit = None if self._timeout is None else self._timeout + _TIMEOUT_GRACE
+                async with asyncio.timeout(limit):
+                    blob = await ref
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
                 pool.release(member)
                 raise
+            except TimeoutError:  # the worker did not stop the run: its event loop is stuck
+                pool.lost(member)
+                return _failed(
+                    example_id, meta, "RolloutTimeoutError", _stuck(self._timeout), "", started
+                )
             except _WORKER_LOST as error:
                 pool.lost(member)
                 causes.append(_summary(error))
@@ -869,6 +891,21 @@ def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             "ray.init(runtime_env=...) before building the Trainer instead, and no "
             "runtime_env to RayExecutor"
         ) from error
+
+
+_TIMEOUT_GRACE = 30.0
+"""Seconds past ``rollout_timeout`` the driver waits for a worker to send back the run it
+stopped, before it gives the worker up as stuck (its first run also loads capture)."""
+
+
+def _stuck(timeout: float | None) -> str:
+    return (
+        f"the run took longer than rollout_timeout={timeout:g} s, and its Ray worker did not "
+        f"stop it within {_TIMEOUT_GRACE:g} s more: the rollout blocks its worker's event loop "
+        "(a sync call, such as time.sleep or a sync HTTP client, inside an async rollout). "
+        "The worker was replaced, and the run's calls were lost with it. Make the rollout a "
+        "sync function (it then runs in a thread), or await the call (asyncio.to_thread)"
+    )
 
 
 def _slot(metadata: Mapping[str, Any]) -> str:

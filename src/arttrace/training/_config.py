@@ -32,6 +32,7 @@ class TrainerConfig:
     train_retries: int = 3
     retry_delay: float = 1.0
     train_timeout: float | None = None
+    rollout_timeout: float | None = None
     log_to_model: bool = True
     progress: bool = True
     train_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -45,6 +46,17 @@ class TrainerConfig:
             raise ConfigurationError(
                 f"train_timeout must be a positive number of seconds or None (no limit), "
                 f"got {self.train_timeout!r}"
+            )
+        timeout = self.rollout_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigurationError(
+                "rollout_timeout must be a positive number of seconds (how long one run may "
+                f"take) or None (no limit), got {timeout!r}"
             )
         if self.group_size < 2:
             _log.warning("group_size=1: a group of one run has no reward spread to learn from")

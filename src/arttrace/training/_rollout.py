@@ -12,6 +12,11 @@ The reward of a run, in this order:
 A reward that is not a finite real number, no reward at all, or two sources that disagree
 (the rollout set ``0.0`` and returned ``1.0``, or set one and ``reward_fn`` gave another) fail
 the run with a :class:`~arttrace.ConfigurationError` that says what to do.
+
+A run that takes longer than ``timeout`` (the Trainer's ``rollout_timeout``; its reward
+included) is stopped where it runs (in this process, or on a Ray worker) and fails with a
+:class:`~arttrace.RolloutTimeoutError`. Its trajectory is closed as any failed run's: the calls
+it recorded are kept, a call still waiting is kept as partial.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, RolloutTimeoutError
 from ..capture._trajectory import MetadataValue, Trajectory, check_reward, hosting_trajectory
 
 type Rollout[ExampleT] = Callable[[ExampleT], Awaitable[Any]] | Callable[[ExampleT], Any]
@@ -66,13 +71,15 @@ class RolloutRunner[ExampleT]:
 
     A sync ``rollout`` runs in a worker thread (at most ``max_concurrency`` at a time) in a
     copy of the run's context, so ``current_trajectory()`` and a sync OpenAI client's calls
-    belong to the run, and the event loop keeps the other runs going."""
+    belong to the run, and the event loop keeps the other runs going. ``timeout``: seconds a
+    run may take (``None``: no limit)."""
 
     def __init__(
         self,
         rollout: Rollout[ExampleT],
         reward_fn: RewardFn[ExampleT] | None,
         max_concurrency: int,
+        timeout: float | None = None,
     ) -> None:
         check_rollout(rollout)
         if reward_fn is not None and not callable(reward_fn):
@@ -80,7 +87,7 @@ class RolloutRunner[ExampleT]:
                 "reward_fn must be a function of (example, output) returning the reward, got "
                 f"{type(reward_fn).__name__} {reward_fn!r:.80}"
             )
-        self.rollout, self.reward_fn = rollout, reward_fn
+        self.rollout, self.reward_fn, self.timeout = rollout, reward_fn, timeout
         self._async = is_async(rollout)
         self._max_threads = max_concurrency
         self._threads: ThreadPoolExecutor | None = None
@@ -93,11 +100,41 @@ class RolloutRunner[ExampleT]:
         t = hosting_trajectory(example_id, metadata=metadata)
         try:
             async with t:
-                output = await self._call(example)
-                t.reward = await self._reward(t, example, output)
+                limit = asyncio.timeout(self.timeout)
+                try:
+                    async with limit:
+                        output = await self._call(example)
+                        t.reward = await self._reward(t, example, output)
+                except Exception as error:
+                    if not limit.expired():
+                        raise  # the rollout's own
+                    # its traceback (the chained cause) shows where the run was waiting
+                    raise RolloutTimeoutError(self._timed_out(t)) from error
+                if limit.expired():  # it swallowed the cancellation, but ran past the limit
+                    raise RolloutTimeoutError(self._timed_out(t))
         except Exception:
             pass  # kept on t.exception; the group records it
         return t
+
+    def _timed_out(self, t: Trajectory) -> str:
+        """Why the run was stopped, what it keeps, and what to do."""
+        done, waiting = len(t.call_log.records), t.call_log.in_flight
+        kept = [f"{done} LLM call{'s' if done > 1 else ''} it made"] if done else []
+        if waiting:
+            kept.append(f"{waiting} still waiting for an answer, marked partial")
+        message = (
+            f"the run took longer than rollout_timeout={self.timeout:g} s and was stopped; "
+            + (f"kept with the run: {' and '.join(kept)}" if kept else "it made no LLM call")
+            + ". If a call hangs, give the agent's LLM client a timeout of its own "
+            "(openai.AsyncOpenAI(timeout=...)); if runs need longer, raise "
+            "Trainer(rollout_timeout=...)"
+        )
+        if not self._async:
+            message += (
+                ". A sync rollout's thread cannot be stopped: it runs on in the background, "
+                "and what it does from now on is not recorded"
+            )
+        return message
 
     def close(self) -> None:
         """Let the worker threads go once their rollouts end (a new call starts new ones)."""
