@@ -627,6 +627,35 @@ def test_separate_conversations_stay_separate(qwen2: Any) -> None:
     assert found.sequences == 5 == art_sequences(qwen2, t)[0]
 
 
+def planner_then_agent(qwen2: Any, answer: str, turns: int = 6) -> at.Trajectory:
+    """A planner called first, then the timestamped tool agent."""
+    run = Run(qwen2, TOOLS)
+    run.turn([{"role": "system", "content": "You plan."}, user("Plan the sum.")], assistant("Add."))
+    tool_agent(run, timestamp, turns=turns)
+    last = run.calls[-1].choices[0]
+    last.message["content"] = answer
+    return run.trajectory()
+
+
+def test_the_main_conversation_is_the_final_answers_and_ruler_shows_it_once(qwen2: Any) -> None:
+    """A planner is called first and the agent's timestamp makes each call a conversation of
+    its own: the run's output is still its final answer, and the judge reads the agent's
+    conversation once (each tool result once), not the history once per turn."""
+    from arttrace.rewards._ruler import render
+    from arttrace.training._group import Group, GroupRun
+
+    runs = [planner_then_agent(qwen2, "It is 10."), planner_then_agent(qwen2, "It is 11.")]
+    group = Group("e", {}, 0, tuple(GroupRun(k, t, 1.0) for k, t in enumerate(runs)))
+    assert [run.output for run in group.runs] == ["It is 10.", "It is 11."]
+    text = render(group, ["1", "2"])
+    assert text.count('"content":"1"') == 1  # the first tool result: once, shared
+    assert text.count('"content":"5"') == 1  # the last: once too (the runs differ after it)
+    assert text.count(TASK) == 1 and text.count("Plan the sum.") == 2
+    assert text.count('kind="main"') == 2 and text.count('kind="other"') == 2  # the planners
+    main, planner = text.split('<run id="1">')[1].split("</run>")[0].split('kind="other"')
+    assert "It is 10." in main and "Add." in planner
+
+
 # -- a step -------------------------------------------------------------------------------------
 
 

@@ -101,21 +101,29 @@ class Conversation:
         earliest version of the history (up to the turn sent back), then what each
         continuation added. A reader (a judge) sees the whole conversation, not one copy of
         the history per edit."""
-        if self.continues is None:
-            return list(self.items)
-        before = self.continues.of.timeline()
-        cut = next(i for i, item in enumerate(before) if item is self.continues.turn)
-        return [*before[: cut + 1], *self.items[self.continues.resumed_at :]]
+        chain = [self]
+        while (carried_on := chain[-1].continues) is not None:
+            chain.append(carried_on.of)
+        items = list(chain[-1].items)
+        for conversation in reversed(chain[:-1]):
+            carried_on = conversation.continues
+            assert carried_on is not None
+            cut = next(i for i in range(len(items) - 1, -1, -1) if items[i] is carried_on.turn)
+            items = [*items[: cut + 1], *conversation.items[carried_on.resumed_at :]]
+        return items
 
 
 def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
     conversations: list[Conversation] = []
+    loose: dict[int, Hashable] = {}  # id(turn) -> loose_key of its message, computed once
     for call in sorted(calls, key=lambda c: c.seq):
         if not call.choices:
             continue
         keys = [message_key(m) for m in call.messages]
         base = _longest_prefix(conversations, keys)
-        continued = None if base is not None else _continued(conversations, call.messages, keys)
+        continued = (
+            None if base is not None else _continued(conversations, call.messages, keys, loose)
+        )
         prefix = base.branch() if base is not None else Conversation()
         for i, choice in enumerate(call.choices):
             if i == 0 and base is not None:
@@ -170,6 +178,7 @@ def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> 
         if (
             n <= len(keys)
             and (best is None or n > len(best.keys))
+            and keys[n - 1] == conversation.keys[-1]  # cheap first: most conversations differ
             and keys[:n] == conversation.keys
         ):
             best = conversation
@@ -177,7 +186,10 @@ def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> 
 
 
 def _continued(
-    conversations: list[Conversation], messages: list[dict[str, Any]], keys: list[Hashable]
+    conversations: list[Conversation],
+    messages: list[dict[str, Any]],
+    keys: list[Hashable],
+    loose: dict[int, Hashable],
 ) -> Continuation | None:
     """The earlier conversation this call carries on after changing its messages (the
     module's rule), and what changed; ``None`` for a conversation of its own."""
@@ -189,7 +201,10 @@ def _continued(
         turn = conversation.items[-1]
         if not isinstance(turn, Turn) or turn.context_only:
             continue
-        at = where.get(loose_key(turn.choice.message))
+        key = loose.get(id(turn))
+        if key is None:
+            key = loose[id(turn)] = loose_key(turn.choice.message)
+        at = where.get(key)
         if at is None or not _same_start(conversation.items[0], messages[0]):
             continue
         rank = (at, turn.call.seq)

@@ -29,7 +29,7 @@ from textwrap import dedent
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import ArttraceError, ConfigurationError
-from ..capture._conversations import Conversation, Turn
+from ..capture._conversations import Conversation, Turn, latest
 from ..training._group import Group, GroupRewards, uncaptured
 
 if TYPE_CHECKING:
@@ -379,9 +379,13 @@ def ruler(
 def render(group: Group[Any], ids: Sequence[str]) -> str:
     """The runs of ``group`` as the judge reads them: the beginning all their main
     conversations share, once; the tools, once when all runs had the same; then each run with
-    its main conversation and every other history, one JSON message per line."""
-    runs = [run.trajectory.conversations() or [Conversation()] for run in group.runs]
-    mains = [[_message(item) for item in conversations[0].items] for conversations in runs]
+    its main conversation and every other history, one JSON message per line.
+
+    A conversation the agent carried on after changing an earlier message (a timestamp, a
+    trimmed history) is shown once, as its timeline: the history as first sent, then what
+    each later call added, not one copy of the history per call."""
+    runs = [_conversations(run.trajectory.conversations()) for run in group.runs]
+    mains = [[_message(item) for item in conversations[0].timeline()] for conversations in runs]
     shared = _shared_prefix(mains)
     if all(len(m) == shared for m in mains):
         shared = 0  # identical runs: show each whole rather than an empty difference
@@ -403,10 +407,19 @@ def render(group: Group[Any], ids: Sequence[str]) -> str:
             body.append("<tools>\n" + _tools(conversations[0].tools) + "\n</tools>")
         body.append(f'<conversation kind="main">\n{_lines(main[shared:], note)}\n</conversation>')
         for n, other in enumerate(conversations[1:], 1):
-            messages = [_message(item) for item in other.items]
+            messages = [_message(item) for item in other.timeline()]
             body.append(f'<conversation kind="other" n="{n}">\n{_lines(messages)}\n</conversation>')
         parts.append(f'<run id="{run_id}">\n' + "\n".join(body) + "\n</run>")
     return "\n\n".join(parts)
+
+
+def _conversations(conversations: list[Conversation]) -> list[Conversation]:
+    """The run's main conversation, then the others no conversation carries on (each read
+    by its timeline, so every message shows once)."""
+    if not conversations:
+        return [Conversation()]
+    main = conversations[0]
+    return [main, *(c for c in latest(conversations) if c is not main)]
 
 
 def _message(item: dict[str, Any] | Turn) -> dict[str, Any]:

@@ -59,16 +59,18 @@ class GroupRun:
     so this is not always its index in :attr:`Group.runs`."""
     trajectory: Trajectory
     """What the run did: its calls, conversations (``trajectory.conversations()``: the main
-    one first, then sub-agents and other histories), metadata."""
+    one, holding the run's last policy turn, first; then sub-agents and other histories),
+    metadata."""
     reward: float
     """The run's own reward (from ``reward_fn``, the rollout's return value, or
     ``current_trajectory().reward``; 0.0 when it gave none); kept as ``independent_reward``."""
 
     @property
     def output(self) -> str | None:
-        """The run's final answer: the text of the last assistant turn of its main
-        conversation (``None`` without one). The rollout's return value itself is not kept:
-        it is neither journaled nor sent back by a Ray worker."""
+        """The run's final answer: the text of its last policy turn, which ends its main
+        conversation (``None`` without one; not a planner's plan called first, nor an early
+        turn of a conversation the agent edited as it went). The rollout's return value itself
+        is not kept: it is neither journaled nor sent back by a Ray worker."""
         conversations = self.trajectory.conversations()
         for item in reversed(conversations[0].items if conversations else []):
             if isinstance(item, Turn):
