@@ -93,8 +93,27 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+_SESSION: list[RayCluster] = []
+"""The session's cluster, while it runs."""
+
+
 @pytest.fixture(scope="session", name="ray_cluster")
 def ray_cluster_fixture() -> Iterator[RayCluster]:
+    """The session's one cluster, however many test modules import this fixture: to pytest
+    each import is a fixture of its own, and a second cluster cannot start beside the first
+    (one ``ray.init`` per process)."""
+    if _SESSION:
+        yield _SESSION[0]
+        return
+    for cluster in _cluster():  # one item; the loop's end tears the cluster down
+        _SESSION.append(cluster)
+        try:
+            yield cluster
+        finally:
+            _SESSION.clear()
+
+
+def _cluster() -> Iterator[RayCluster]:
     import ray
     from ray.cluster_utils import Cluster
 
