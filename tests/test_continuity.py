@@ -749,6 +749,100 @@ def test_unchecked_turns_are_named_in_the_warning() -> None:
     )
 
 
+def test_a_step_of_agents_that_edit_their_history_warns_with_other_and_the_edit(
+    qwen2: Any,
+) -> None:
+    """Four groups of timestamped agents: every boundary breaks, the warning says ``other``,
+    names the system prompt, and compares sequences and conversations of the same runs (a
+    run whose advantage is 0 left out of both, as ART leaves it out)."""
+    groups = []
+    for g in range(4):
+        runs = []
+        for k, reward in enumerate((0.0, 0.5, 1.0)):
+            run = Run(qwen2, TOOLS)
+            tool_agent(run, timestamp, turns=3)
+            runs.append(run.trajectory(reward, f"{g}-{k}").to_art())
+        groups.append(art.TrajectoryGroup(runs))
+    metrics = step_continuity(groups)
+    assert metrics["continuity_break_rate"] == 1.0 and metrics["continuity_breaks"] == 24
+    assert metrics["continuity_breaks_other"] == 24 == metrics["continuity_edits_system"]
+    trained = list(
+        tokenize_trajectory_groups(
+            qwen2, groups, allow_training_without_logprobs=False, scale_rewards=True
+        )
+    )
+    assert metrics["art_sequences"] == len(trained) == 24  # 8 runs trained, 3 sequences each
+    assert metrics["continuity_conversations"] == 8  # the same 8 runs (the middle one skipped)
+    with pytest.warns(at.TokenContinuityWarning) as got:
+        warn_continuity(2, metrics)
+    message = str(got[0].message)
+    assert "24 of 24 turn boundaries" in message
+    assert "(the runs ART trains: 24 sequences for 8 conversations)" in message
+    assert "Most common cause: other (24 of 24; template: 0, retokenized: 0, other: 24)" in message
+    assert "24 of the other breaks are earlier messages the agent changed between calls " in (
+        message
+    )
+    assert "(system: 24)" in message and "a guess" not in message
+
+
+def test_a_tie_between_causes_names_both_and_both_fixes() -> None:
+    metrics = {
+        **step_continuity([]),
+        "continuity_break_rate": 1.0,
+        "continuity_boundaries": 2.0,
+        "continuity_breaks": 2.0,
+        "continuity_breaks_template": 1.0,
+        "continuity_breaks_other": 1.0,
+    }
+    with pytest.warns(at.TokenContinuityWarning) as got:
+        warn_continuity(0, metrics)
+    message = str(got[0].message)
+    assert "Most common causes, tied: template and other (1 each of 2;" in message
+    assert _continuity.FIXES["template"] in message and _continuity.FIXES["other"] in message
+
+
+def test_a_guessed_cause_says_so_and_the_trainers_tokenizer_decides_for_name_at_step(
+    qwen2: Any, tmp_path: Path
+) -> None:
+    """ART's LocalBackend serves the model as ``name@step``: no tokenizer goes by that name,
+    so the cause is a guess, and the step says so. The Trainer's model names its base model,
+    whose tokenizer this machine holds: the texts decide."""
+    folder = tmp_path / "qwen2.5"
+    folder.mkdir()
+    qwen2.backend_tokenizer.save(str(folder / "tokenizer.json"))
+    run = Run(qwen2)
+    history = [user("Greet me.")]
+    sampled = [32713, 385, 1879, 151645]  # "Hel", "lo", " world", "<|im_end|>"
+    history.append(run.turn(history, assistant("Hello world"), sampled=sampled, model="m@3"))
+    history.append(user("Again."))
+    run.turn(history, assistant("Hello world"), model="m@3")
+    t = run.trajectory()
+    ((cause, by),) = [(b.cause, b.decided_by) for b in run_continuity(t).breaks]
+    assert (cause, by) == ("retokenized", "guess")
+    metrics = step_continuity([t])
+    assert metrics["continuity_breaks_guessed"] == 1
+    with pytest.warns(at.TokenContinuityWarning, match="is a guess") as got:
+        warn_continuity(0, metrics)
+    assert "Trainer(tokenizer=...)" in str(got[0].message)
+
+    class Model:
+        name, base_model = "m", str(folder)
+
+    policy = _continuity.PolicyTokenizer.for_trainer(None, lambda: Model())
+    assert policy.served("m@3") and policy.served("m") and not policy.served("m@x")
+    assert [(b.cause, b.decided_by) for b in run_continuity(t, policy).breaks] == [
+        ("retokenized", "text")
+    ]
+    given = _continuity.PolicyTokenizer.for_trainer(str(folder), lambda: None)
+    assert [b.decided_by for b in run_continuity(t, given).breaks] == ["text"]
+    assert t.to_art(given).metadata["continuity_breaks_guessed"] == 0
+    assert t.to_art().metadata["continuity_breaks_guessed"] == 1
+    with pytest.raises(at.ConfigurationError, match=r"tokenizer='no/such-model'.*not a folder"):
+        _continuity.PolicyTokenizer.for_trainer("no/such-model", lambda: None)
+    with pytest.raises(at.ConfigurationError, match="got int"):
+        _continuity.PolicyTokenizer.for_trainer(3, lambda: None)
+
+
 def test_a_check_that_fails_leaves_to_art_whole_and_says_so(
     qwen2: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
