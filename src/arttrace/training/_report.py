@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -12,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
+from tqdm import tqdm as text_bar
 
 from ..capture import _context
 from ..capture._trajectory import Trajectory
@@ -28,6 +30,27 @@ PLOT_INTERVAL = 30.0
 """Seconds between two redraws of the reward plot (~0.15 s of CPU each) after steps."""
 
 
+@functools.cache
+def bar_class() -> Any:
+    """tqdm's widget bar in a Jupyter kernel with ipywidgets (the notebook extra), else its
+    text bar (which a notebook shows too). ``tqdm.auto`` decides the same way, but without
+    ipywidgets it warns on import (``TqdmWarning: IProgress not found``) about something
+    the user need not fix. Decided when the first bar is drawn, not on import."""
+    shell = sys.modules.get("IPython")
+    if "ipykernel.zmqshell" not in sys.modules or shell is None:
+        return text_bar  # a terminal, IPython in one, or a plain script
+    # Qt console and Spyder run a kernel but draw no widgets (tqdm.autonotebook's test)
+    kind = type(shell.get_ipython()).__name__.lower()
+    console = any(k == "QT_API" or k.startswith("SPYDER") for k in os.environ)
+    if console or "qt" in kind or "spyder" in kind:
+        return text_bar
+    try:
+        from tqdm import notebook
+    except Exception:  # a broken IPython install: the text bar still works
+        return text_bar
+    return text_bar if notebook.IProgress is None else notebook.tqdm
+
+
 class Progress:
     """A progress bar over a step's runs, showing the running mean reward."""
 
@@ -37,7 +60,7 @@ class Progress:
         self._total, self._count = sum(rewards), len(rewards)
         self._unshown, self._show_at = 0, 0.0
         self._enabled = enabled
-        self._bar = tqdm(
+        self._bar = bar_class()(
             total=pending + len(done),
             initial=len(done),
             desc=desc,
@@ -126,7 +149,7 @@ class Reporter:
         background. The trajectories themselves are in the journal. With ``progress``, one
         line on stderr says what the step (or validation) did."""
         if self.progress:
-            tqdm.write(progress_line(metrics, split), file=sys.stderr)
+            bar_class().write(progress_line(metrics, split), file=sys.stderr)
         await self.flush()
         now = time.monotonic()
         plot = now - self._plotted_at >= PLOT_INTERVAL

@@ -22,10 +22,11 @@ The API (JSON; ``r`` is a folder's place in the command line, from 0)::
 from __future__ import annotations
 
 import hashlib
+import html
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,12 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 
 class Viewer:
-    """The web app over ``paths``; :meth:`start` serves it, :meth:`stop` ends it."""
+    """The web app over ``paths``; :meth:`start` serves it, :meth:`stop` ends it. In a
+    notebook, a started viewer shown as a cell's value is a link to it."""
 
     def __init__(
         self,
-        paths: list[Path],
+        paths: Sequence[str | os.PathLike[str]],
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -118,7 +120,9 @@ class Viewer:
             else load_given(tokenizer)
         )
         self.runs = Runs(
-            paths, REFRESH_SECONDS if refresh_seconds is None else refresh_seconds, decoder
+            [Path(p) for p in paths],
+            REFRESH_SECONDS if refresh_seconds is None else refresh_seconds,
+            decoder,
         )
         self.allowed_hosts: set[str] = set()
         version = _version()
@@ -165,6 +169,17 @@ class Viewer:
         if self.server is not None:
             self.server.stop()
         self.runs.stop()
+
+    def __repr__(self) -> str:
+        where = "not started" if self.server is None else self.url
+        return f"<arttrace view: {where}>"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rendering: a link that opens the viewer in a new tab."""
+        if self.server is None:
+            return html.escape(repr(self))
+        url = html.escape(self.url)
+        return f'arttrace view: <a href="{url}" target="_blank">{url}</a>'
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
