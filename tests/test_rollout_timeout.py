@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,9 @@ from starlette.routing import Route
 import arttrace as at
 import timeout_agents
 from arttrace._asgi_server import ServerThread
+from arttrace.executors import RayExecutor, _ray
 from arttrace.testing import LLMServer, ScriptedLLM, serve
+from ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401  (the fixture)
 from test_trainer import RecordingBackend, journaled, make
 
 LIMIT = 5.0
@@ -84,24 +87,16 @@ def examples(answers: LLMServer, held: Held, n: int = 1, **more: Any) -> list[di
 def trainer(
     tmp_path: Path, rollout: Callable[..., Any], data: list[dict[str, Any]], **kw: Any
 ) -> at.Trainer[Any]:
-    t = make(
+    agent: Any = SimpleNamespace(rollout=rollout)  # what make() takes: an agent's rollout
+    return make(
         tmp_path,
-        _NoAgent(),
+        agent,
         RecordingBackend(),
         train_dataset=data,
         groups_per_step=len(data),
         group_size=GROUP,
         **kw,
     )
-    t.rollout = rollout
-    return t
-
-
-class _NoAgent:
-    """``make`` wants an agent; the rollout is set on the Trainer instead."""
-
-    async def rollout(self, example: Any) -> float:
-        raise AssertionError("replaced")
 
 
 def check_timed_out(out: Path, sync: bool = False) -> None:
@@ -184,3 +179,67 @@ def test_rollout_timeout_must_be_a_positive_number(tmp_path, answers, held):
             trainer(tmp_path, timeout_agents.held_async, examples(answers, held),
                     rollout_timeout=bad)  # fmt: skip
     assert issubclass(at.RolloutTimeoutError, TimeoutError)
+
+
+# -- on Ray ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def on_ray(ray_cluster: RayCluster) -> Iterator[RayExecutor]:
+    """Four one-CPU actors, shared by this module's Ray tests (a new bind keeps them)."""
+    executor = RayExecutor(num_cpus=1, max_in_flight=GROUP)
+    yield executor
+    executor.close()
+
+
+async def test_on_ray_the_worker_stops_the_run_and_sends_back_its_calls(
+    tmp_path, answers, held, on_ray
+):
+    before = held.requests
+    t = trainer(
+        tmp_path,
+        timeout_agents.held_async,
+        examples(answers, held),
+        rollout_timeout=LIMIT,
+        max_exceptions=2,
+        executor=on_ray,
+    )
+    started = time.perf_counter()
+    result = await t.step()
+    seconds = time.perf_counter() - started
+    assert held.requests - before == GROUP // 2
+    assert seconds < LIMIT + 20, seconds
+    assert result.metrics["exceptions"] == GROUP // 2 and result.metrics["groups_kept"] == 1
+    check_timed_out(tmp_path / "out")
+
+
+async def test_on_ray_a_worker_whose_loop_is_blocked_is_given_up(
+    tmp_path, answers, held, on_ray, monkeypatch
+):
+    """An async rollout that blocks its event loop (a sync sleep) cannot be stopped on its
+    worker: the driver waits the grace period past the limit, replaces the worker, and the
+    run fails with the cause; its calls are lost with the worker."""
+    monkeypatch.setattr(_ray, "_TIMEOUT_GRACE", 5.0)
+    t = trainer(
+        tmp_path,
+        timeout_agents.blocks_its_loop,
+        examples(answers, held, block=600),
+        rollout_timeout=LIMIT,
+        max_exceptions=2,
+        executor=on_ray,
+    )
+    started = time.perf_counter()
+    result = await t.step()
+    seconds = time.perf_counter() - started
+    assert LIMIT + 5 <= seconds < LIMIT + 5 + 20, seconds
+    assert result.metrics["exceptions"] == GROUP // 2
+    lines = {line["slot"][1]: line["trajectory"] for line in journaled(tmp_path / "out", 0)}
+    for k in (1, 3):
+        error = lines[k]["exception"]
+        assert error["type"] == "RolloutTimeoutError"
+        assert error["message"].startswith(
+            f"the run took longer than rollout_timeout={LIMIT:g} s, and its Ray worker did not "
+            "stop it within 5 s more: the rollout blocks its worker's event loop"
+        )
+        assert "The worker was replaced" in error["message"] and lines[k]["calls"] == []
+    assert all(lines[k]["exception"] is None for k in (0, 2))
