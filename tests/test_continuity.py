@@ -26,6 +26,7 @@ from arttrace._continuity import RunContinuity, run_continuity, step_continuity,
 from arttrace.capture import _warnings
 from arttrace.capture._records import ChoiceRecord, LLMCall
 from arttrace.testing import HFChatTokenizer, LLMServer, Reply, ScriptedLLM
+from arttrace.testing.tokenizers import Completion
 from conftest import TOOLS
 from qwen import qwen_tokenizer
 
@@ -935,3 +936,92 @@ async def test_the_trainer_reports_continuity_and_warns_once_per_step(
     (warning,) = [w for w in caught if w.category is at.TokenContinuityWarning]
     assert "step 0: 4 of 4 turn boundaries" in str(warning.message)
     assert "Most common cause: template" in str(warning.message)
+
+
+class SplitHello(HFChatTokenizer):
+    """A server whose model samples "Hello world" as "Hel" + "lo" + " world"."""
+
+    def completion(self, messages: Any, tools: Any, reply: dict[str, Any]) -> Completion:
+        if reply.get("content") == "Hello world":
+            return Completion([32713, 385, 1879, 151645], 3, [])
+        return super().completion(messages, tools, reply)
+
+
+async def test_the_trainer_counts_edits_and_finds_its_models_tokenizer_for_name_at_step(
+    tmp_path: Path, server: Any, qwen2: Any
+) -> None:
+    """Over HTTP, on a server rendering Qwen2.5's template: one example's agent puts the time
+    in its system prompt, the other's model sampled a split token. The agent calls the model
+    as ART's LocalBackend serves it (``m@0``); the Trainer's model names its base model, a
+    folder holding the tokenizer: the retokenized breaks are told by their text, not guessed.
+    The step's counts equal ART's own on the groups it shipped; the tie is named."""
+    folder = tmp_path / "base"
+    folder.mkdir()
+    qwen2.backend_tokenizer.save(str(folder / "tokenizer.json"))
+
+    def reply(request: dict[str, Any]) -> Reply:
+        asked = request["messages"][1]["content"]
+        return Reply("Hello world" if asked == "Greet me." else "Ten.")
+
+    served: LLMServer = server(ScriptedLLM(reply, tokenizer=SplitHello(qwen2)))
+    client = openai.AsyncOpenAI(base_url=served.base_url, api_key="k", max_retries=0)
+    clock = iter(range(1000))
+    runs: dict[str, int] = {}
+
+    @at.trainable
+    async def ask(messages: list[Any]) -> str:
+        out = await client.chat.completions.create(model="m@0", messages=messages)
+        return out.choices[0].message.content or ""
+
+    async def rollout(example: dict[str, str]) -> float:
+        def system() -> dict[str, Any]:
+            stamp = f" It is {next(clock)} o'clock." if example["id"] == "timed" else ""
+            return {"role": "system", "content": "You help." + stamp}
+
+        history: list[Any] = [system(), user(example["q"])]
+        history.append(assistant(await ask(history)))
+        history += [user("Again.")]
+        await ask([system(), *history[1:]])
+        runs[example["id"]] = runs.get(example["id"], 0) + 1
+        return float(runs[example["id"]] % 2)
+
+    model = art.TrainableModel(
+        name="m", project="p", base_model=str(folder), run_name="r",
+        base_path=str(tmp_path / ".art"),
+    )  # fmt: skip
+    backend = Backend()
+    trainer = at.Trainer(
+        model,
+        backend,
+        rollout,
+        [{"id": "timed", "q": "What is 5+5?"}, {"id": "greet", "q": "Greet me."}],
+        group_size=2,
+        groups_per_step=2,
+        output_dir=tmp_path / "out",
+        progress=False,
+        log_to_model=False,
+    )
+    at.instrument()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = await trainer.step()
+    finally:
+        at.uninstrument()
+        await client.close()
+    metrics = result.metrics
+    assert metrics["continuity_boundaries"] == 4 and metrics["continuity_break_rate"] == 1.0
+    assert metrics["continuity_breaks_other"] == 2 == metrics["continuity_edits_system"]
+    assert metrics["continuity_breaks_retokenized"] == 2
+    assert metrics["continuity_breaks_guessed"] == 0  # m@0 is the base model: its tokenizer
+    assert metrics["continuity_conversations"] == 4
+    trained = list(
+        tokenize_trajectory_groups(
+            qwen2, backend.shipped[0], allow_training_without_logprobs=False, scale_rewards=True
+        )
+    )
+    assert metrics["art_sequences"] == len(trained) == 8
+    (warning,) = [w for w in caught if w.category is at.TokenContinuityWarning]
+    message = str(warning.message)
+    assert "Most common causes, tied: retokenized and other (2 each of 4" in message
+    assert "(system: 2)" in message and "a guess" not in message
