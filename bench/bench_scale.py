@@ -355,9 +355,16 @@ async def waiting(example: dict[str, Any]) -> float:
 
 
 def start_ray(cpus: int, temp: str) -> None:
+    """A local Ray of this benchmark's own, on loopback only: Ray binds 127.0.0.1 alone for
+    a node at that address, which it uses when told Ray is for this machine alone
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; else it binds every interface at the machine's
+    network address). Nothing of it is reachable from the network, so token authentication
+    stays off (nothing written to ~/.ray)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when Ray is imported
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a loopback-only instance of our own
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # in case Ray was imported before
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
         address="local",
         num_cpus=cpus,
