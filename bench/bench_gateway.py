@@ -133,8 +133,8 @@ BODY = {
 }
 LONG_BODY = {**BODY, "messages": [{"role": "user", "content": "long"}]}
 CLIENTS = 20
-"""The caller's httpx clients: a pool scans all its connections on each request, so 1,000
-streams on one client would time that scan rather than the calls."""
+"""The caller's httpx clients per origin: a pool scans all its connections on each request, so
+1,000 streams on one client would time that scan rather than the calls."""
 
 Timing = tuple[float, float]
 """Seconds to the first body byte and to the last."""
@@ -228,17 +228,34 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Ti
 
 async def caller(concurrency: int) -> None:
     """Each line of stdin: ``{"urls": [...], "long": bool}``; one call to each URL, all at
-    once; answers one line: a ``[first, last]`` or an error string per URL."""
+    once; answers one line: a ``[first, last]`` or an error string per URL.
+
+    Each origin has clients of its own, as an agent has a client per base URL: one httpx pool
+    holding idle connections to two origins (the ports of two gateway workers) can close, when
+    their keep-alive expiry passes while a burst of calls is assigned to them, a connection
+    another call has just started on, and that call fails with ``ReadError`` (httpcore 1.0.9's
+    pool, encode/httpcore#1110; ``test_gateway_workers.py``). That was the "0-11 calls of 1,000
+    failed" with ``--workers 2``: the caller's own hang-up, not the gateway's."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency)
-    clients = [httpx.AsyncClient(limits=limits, timeout=600) for _ in range(CLIENTS)]
+    clients: dict[str, list[httpx.AsyncClient]] = {}
+
+    def client(i: int, url: str) -> httpx.AsyncClient:
+        origin = str(httpx.URL(url).copy_with(path="/", query=None))
+        if origin not in clients:
+            clients[origin] = [
+                httpx.AsyncClient(limits=limits, timeout=600) for _ in range(CLIENTS)
+            ]
+        return clients[origin][i % CLIENTS]
+
     loop = asyncio.get_running_loop()
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         order = json.loads(line)
         body = LONG_BODY if order["long"] else BODY
-        calls = [timed(clients[i % CLIENTS], u, body) for i, u in enumerate(order["urls"])]
+        calls = [timed(client(i, u), u, body) for i, u in enumerate(order["urls"])]
         print(json.dumps(await asyncio.gather(*calls)), flush=True)
-    for client in clients:
-        await client.aclose()
+    for pool in clients.values():
+        for c in pool:
+            await c.aclose()
 
 
 # -- this process: the gateway and the trajectories -------------------------------------------

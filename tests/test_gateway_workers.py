@@ -4,9 +4,11 @@ dies is restarted and says so, and SIGTERM stops them all."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,6 +146,111 @@ def test_any_worker_serves_any_run_and_each_run_is_recorded_once(gateway: Served
             assert list(choice.logprobs or ()) == pytest.approx(logprobs, rel=1e-6)
         elsewhere = Journal(gateway.out / f"worker-{1 - i}").finished(0).values()
         assert run["example_id"] not in {t.example_id for t in elsewhere}
+
+
+def hang_up_while_sending(url: str) -> None:
+    """Send a call's headers and the start of its body, then close the connection."""
+    target = httpx.URL(f"{url}/chat/completions")
+    assert target.host and target.port
+    head = (
+        f"POST {target.raw_path.decode()} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n"
+    )
+    with socket.create_connection((target.host, target.port)) as s:
+        s.sendall(head.encode() + b'{"model": ')
+
+
+def disconnected(client: httpx.Client, run: dict[str, Any], expected: int) -> int:
+    """The run's count of calls whose caller hung up, once it reaches ``expected`` (or 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        count = int(client.get(f"{run['url'].split('/v1')[0]}").json()["disconnected"])
+        if count >= expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def test_a_caller_that_hangs_up_while_sending_is_counted_as_a_disconnect(
+    gateway: Served,
+) -> None:
+    """Straight to the run's worker, the run counts it; on the other worker (handed over), the
+    caller's hang-up is no error in the log: it is the caller's doing, not a failure."""
+    with fresh() as client:
+        runs = runs_on_both(client, gateway.base)
+        run, other = runs[0], runs[1]["url"].split("/runs/")[0]
+        hang_up_while_sending(run["url"])
+        assert disconnected(client, run, 1) == 1
+        hang_up_while_sending(f"{other}/runs/{run['run_id']}/v1")  # worker 1 hands it over
+        answer = client.post(f"{run['url']}/chat/completions", json=BODY)
+        assert answer.status_code == 200, answer.text
+        shown = client.get(f"{other}/runs/{run['run_id']}").json()
+        assert (shown["calls"], shown["disconnected"]) == (1, 1)
+    log = gateway.log.read_text()
+    assert "Exception in ASGI application" not in log and "ClientDisconnect" not in log, log
+
+
+def expire_between_passes(client: httpx.AsyncClient) -> None:
+    """Make the keep-alive expiry of the client's idle connections pass between its pool's
+    first and second pass over a burst of calls: the timing that, in bench_gateway.py's
+    1,000-stream rounds, made 0-11 calls fail (the previous round's connections, idle about
+    as long as the caller's 5 s expiry, as the next round began)."""
+    pool: Any = client._transport._pool  # type: ignore[attr-defined]
+    original = pool._assign_requests_to_connections
+    passes = 0
+
+    def assign() -> Any:
+        nonlocal passes
+        passes += 1
+        if passes == 2:
+            for connection in pool._connections:
+                if connection._connection is not None and connection.is_idle():
+                    connection._connection._expire_at = 0.0  # expired just now
+        return original()
+
+    pool._assign_requests_to_connections = assign
+
+
+async def burst_after_expiry(runs: dict[int, dict[str, Any]], shared: bool) -> list[object]:
+    """Idle connections to worker 0 (five) and then worker 1 (one) in the caller's pool(s);
+    then a call to each worker's run at once, the connections expiring meanwhile."""
+    first = httpx.AsyncClient(headers=AUTH, timeout=30)
+    clients = {0: first, 1: first if shared else httpx.AsyncClient(headers=AUTH, timeout=30)}
+
+    async def call(i: int) -> object:
+        try:
+            return (
+                await clients[i].post(f"{runs[i]['url']}/chat/completions", json=BODY)
+            ).status_code
+        except httpx.HTTPError as error:
+            return type(error).__name__
+
+    try:
+        assert await asyncio.gather(*(call(0) for _ in range(5))) == [200] * 5
+        assert await call(1) == 200
+        for client in {id(c): c for c in clients.values()}.values():
+            expire_between_passes(client)
+        return list(await asyncio.gather(call(1), call(0)))
+    finally:
+        for client in {id(c): c for c in clients.values()}.values():
+            await client.aclose()
+
+
+def test_one_pool_across_two_workers_loses_a_call_to_httpcores_race(gateway: Served) -> None:
+    """The cause of the ReadErrors with ``--workers 2``: the caller's own httpx pool (httpcore
+    1.0.9, encode/httpcore#1110). Holding idle connections to two origins (two workers'
+    ports), a pass that closes the expired ones yields after closing the first; the call that
+    was given worker 1's connection starts on it meanwhile, and the pass then closes it under
+    the call (``ClosedResourceError``, raised as ``ReadError``). The gateway sees a caller
+    that hung up and counts it as one. With a client per origin (bench_gateway.py's caller,
+    docs/gateway.md) the same timing loses nothing."""
+    with fresh() as client:
+        runs = runs_on_both(client, gateway.base)
+        assert asyncio.run(burst_after_expiry(runs, shared=True)) == ["ReadError", 200]
+        assert disconnected(client, runs[1], 1) == 1  # the caller's hang-up, counted as such
+        runs = runs_on_both(client, gateway.base)
+        assert asyncio.run(burst_after_expiry(runs, shared=False)) == [200, 200]
+        assert [disconnected(client, run, 0) for run in runs.values()] == [0, 0]
 
 
 def test_a_second_gateway_cannot_join_the_workers_port(gateway: Served, tmp_path: Path) -> None:

@@ -145,6 +145,7 @@ class GatewayApp:
         try:
             body = await request.body()
         except ClientDisconnect:  # the caller hung up while sending: nothing was called
+            run.hung_up()
             return Response(status_code=499)
         raw = request.headers.raw
         if self.token is not None:  # the gateway's token, given as an Anthropic key
@@ -155,7 +156,10 @@ class GatewayApp:
             api_key=self.upstream.api_key,
         )
         if request.method == "POST" and path in run.options.translate:
-            return self._translated(request, run, path, body, headers)
+            answer = self._translated(request, run, path, body, headers)
+            if isinstance(answer, Relay):
+                answer.on_hang_up = run.hung_up
+            return answer
         open_record: Callable[[], Recorder] | None = None
         if request.method == "POST" and path in _UNRECORDED:
             warn_unrecorded(_UNRECORDED[path], str(run.trajectory.example_id))
@@ -171,7 +175,9 @@ class GatewayApp:
                         run.open_recorder, path, sent, self.upstream.server, request.headers
                     )
         url = self.upstream.url(as_sent, request.scope["query_string"])
-        return Relay(self.upstream, request.method, url, headers, body, open_record)
+        relay = Relay(self.upstream, request.method, url, headers, body, open_record)
+        relay.on_hang_up = run.hung_up
+        return relay
 
     def _translated(
         self, request: Request, run: Run, api: str, body: bytes, headers: CIMultiDict[str]

@@ -159,6 +159,8 @@ class Relay(Response):
         self.upstream_headers, self.body = headers, body
         self.open_record = open_record
         self.recorder: Recorder | None = None
+        self.on_hang_up: Callable[[], None] | None = None
+        """Called when the caller hangs up before the answer ends (the run counts it)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = _State()
@@ -175,6 +177,8 @@ class Relay(Response):
             watcher.cancel()
         if state.disconnected and not state.answered:
             self._record("abandoned", "the caller disconnected before the response ended")
+            if self.on_hang_up is not None:
+                self.on_hang_up()
 
     async def _answer(self, send: Send, state: _State) -> aiohttp.ClientResponse | None:
         """The upstream's answer (the call's record opened while the request goes out), or

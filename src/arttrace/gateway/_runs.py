@@ -77,6 +77,13 @@ class Run:
     """For a run opened over HTTP: the context its trajectory was entered in."""
     step: int = 0
     slot: tuple[int, int] = (0, 0)
+    disconnected: int = 0
+    """Calls whose caller hung up before their answer ended (while sending the request, or
+    mid-answer): counted as the caller's doing, not as failures of the gateway or upstream."""
+
+    def hung_up(self) -> None:
+        """A call's caller hung up before its answer ended."""
+        self.disconnected += 1
 
     def body_to_send(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` for the upstream: on a policy call, asking for the exact tokens (unless the
@@ -115,6 +122,7 @@ class Run:
             "calls": len(t.call_log.records),
             "in_flight": t.call_log.in_flight,
             "trainable_turns": t.trainable_turns,
+            "disconnected": self.disconnected,
             "reward": t.reward,
         }
 

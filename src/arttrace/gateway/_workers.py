@@ -45,6 +45,7 @@ from typing import Any
 
 import uvicorn
 
+_log = logging.getLogger(__name__)
 _OWNED = re.compile(r"/runs/w(\d+)g(\d+)\.")
 """A run id of a worker: ``w<worker>g<generation>.<random>``."""
 _HOP_BY_HOP = frozenset(
@@ -113,11 +114,15 @@ class HandOff:
         """Forward the request as it came (its ``Host``, token and body) to the worker that
         holds the run, and its answer back as it comes."""
         from multidict import CIMultiDict
-        from starlette.requests import Request
+        from starlette.requests import ClientDisconnect, Request
 
         from ._relay import Relay
 
-        body = await Request(scope, receive).body()
+        try:
+            body = await Request(scope, receive).body()
+        except ClientDisconnect:  # the caller hung up while sending: nothing to hand over
+            _log.debug("a caller hung up while sending a call for %s", peer.base_url)
+            return
         headers: CIMultiDict[str] = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1"))
             for k, v in scope["headers"]
