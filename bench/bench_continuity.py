@@ -4,9 +4,13 @@ A typical agent run is captured once through the in-process ScriptedLLM transpor
 ``openai`` client, ``arttrace.instrument()``): four policy turns (three tool calls, then the
 answer) under a ~400-token system prompt, ~1,500 prompt tokens by the last turn. A second
 run has a break at every boundary (the agent re-sends each assistant turn with a space added,
-a ``template`` break to the check), for the classification path. Then, in alternating order
-each round, CPU time of this thread (``thread_time``) for:
+a ``template`` break to the check), for the classification path. A third puts the time in its
+system prompt at every call: each call extends no conversation, and the check finds the
+conversation it carries on (an ``other`` break, the edit named ``system``). Then, in
+alternating order each round, CPU time of this thread (``thread_time``) for:
 
+- ``assemble``: ``Trajectory.conversations()``, the calls grouped into conversations (the
+  search for a conversation carried on after an edit included);
 - ``check``: ``arttrace._continuity.continuity(conversations)``, the check alone (what
   ``to_art()`` adds, on the conversations it assembles anyway);
 - ``to_art``: ``Trajectory.to_art()`` whole (check included), for scale.
@@ -60,7 +64,7 @@ def responder(request: dict[str, Any]) -> Reply:
     return Reply("The answer is 42, because " + "the facts agree on it. " * 12)
 
 
-async def capture(broken: bool) -> at.Trajectory:
+async def capture(kind: str) -> at.Trajectory:
     http = httpx.AsyncClient(transport=ScriptedLLM(responder).transport())
     client = openai.AsyncOpenAI(base_url="http://llm/v1", api_key="x", http_client=http)
 
@@ -70,7 +74,9 @@ async def capture(broken: bool) -> at.Trajectory:
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": question},
         ]
-        for _ in range(4):
+        for turn in range(4):
+            if kind == "timestamped":  # the agent's system prompt tells the time
+                messages[0] = {"role": "system", "content": f"{SYSTEM}It is 12:{turn:02d}."}
             reply = await client.chat.completions.create(
                 model="policy", messages=messages, tools=TOOLS
             )
@@ -78,7 +84,7 @@ async def capture(broken: bool) -> at.Trajectory:
             if not message.tool_calls:
                 return
             sent = message.model_dump(exclude_none=True)
-            if broken:  # the agent re-sends the turn with a space added: the ids differ
+            if kind == "broken":  # the agent re-sends the turn with a space added
                 sent["content"] += " "
             messages.append(sent)
             result = "A fact worth knowing, found in the archive. " * 8
@@ -107,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
 
     at.instrument()
-    runs = {name: asyncio.run(capture(name == "broken")) for name in ("typical", "broken")}
+    runs = {name: asyncio.run(capture(name)) for name in ("typical", "broken", "timestamped")}
     on_capture_path = "arttrace._continuity" in sys.modules
     at.uninstrument()
     from arttrace._continuity import continuity  # after capturing, on purpose
@@ -117,6 +123,7 @@ def main() -> None:
         for name, t in runs.items():
             conversations = t.conversations()
             arms = {
+                "assemble": t.conversations,
                 "check": lambda c=conversations: continuity(c),
                 "to_art": t.to_art,
             }
@@ -132,9 +139,13 @@ def main() -> None:
         print(
             f"\n{name}: {len(t.calls)} turns, {len(prompt or ())} prompt tokens in the last, "
             f"{found.boundaries} boundaries, {len(found.breaks)} breaks "
-            f"({dict(found.counts())}), {found.sequences} ART sequences"
+            f"({dict(found.counts())}; edits { ({k: v for k, v in found.edits().items() if v}) }), "
+            f"{found.sequences} ART "
+            f"sequences for {found.conversations} conversation(s)"
         )
         check, whole = results[name]["check"], results[name]["to_art"]
+        grouping = results[name]["assemble"]
+        print(f"  assemble median {statistics.median(grouping):7.1f} us CPU per run")
         ratios = [c / w for c, w in zip(check, whole, strict=True)]
         print(
             f"  check   median {statistics.median(check):8.1f} us CPU per run "
