@@ -629,19 +629,20 @@ def test_separate_conversations_stay_separate(qwen2: Any) -> None:
 
 
 def planner_then_agent(qwen2: Any, answer: str, turns: int = 6) -> at.Trajectory:
-    """A planner called first, then the timestamped tool agent."""
+    """A planner called first, then the timestamped tool agent, then notes written."""
     run = Run(qwen2, TOOLS)
     run.turn([{"role": "system", "content": "You plan."}, user("Plan the sum.")], assistant("Add."))
     tool_agent(run, timestamp, turns=turns)
-    last = run.calls[-1].choices[0]
-    last.message["content"] = answer
+    run.calls[-1].choices[0].message["content"] = answer
+    run.turn([user("Write notes.")], assistant("Notes."))
     return run.trajectory()
 
 
 def test_the_main_conversation_is_the_final_answers_and_ruler_shows_it_once(qwen2: Any) -> None:
-    """A planner is called first and the agent's timestamp makes each call a conversation of
-    its own: the run's output is still its final answer, and the judge reads the agent's
-    conversation once (each tool result once), not the history once per turn."""
+    """A planner is called first, notes are written last, and the agent's timestamp makes
+    each call a conversation of its own: the run's output is still its final answer, and the
+    judge reads the agent's conversation once (each tool result once), not the history once
+    per turn."""
     from arttrace.rewards._ruler import render
     from arttrace.training._group import Group, GroupRun
 
@@ -652,9 +653,9 @@ def test_the_main_conversation_is_the_final_answers_and_ruler_shows_it_once(qwen
     assert text.count('"content":"1"') == 1  # the first tool result: once, shared
     assert text.count('"content":"5"') == 1  # the last: once too (the runs differ after it)
     assert text.count(TASK) == 1 and text.count("Plan the sum.") == 2
-    assert text.count('kind="main"') == 2 and text.count('kind="other"') == 2  # the planners
-    main, planner = text.split('<run id="1">')[1].split("</run>")[0].split('kind="other"')
-    assert "It is 10." in main and "Add." in planner
+    assert text.count('kind="main"') == 2 and text.count('kind="other"') == 4  # planner, notes
+    main, planner, notes = text.split('<run id="1">')[1].split("</run>")[0].split('kind="other"')
+    assert "It is 10." in main and "Add." in planner and "Notes." in notes
 
 
 # -- a step -------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ Of several such conversations, the one whose turn comes latest in the call's mes
 then the one sampled last. Token continuity (``arttrace._continuity``) counts the step from
 the earlier conversation into its continuation as a turn boundary (a break, cause ``other``,
 when the prompt no longer extends the earlier one, as it almost never does); the run's main
-conversation is the one holding its last policy turn (:func:`main_first`), and a reader who
+conversation is the agent's longest-running one (:func:`main_first`), and a reader who
 wants each conversation once reads :meth:`Conversation.timeline` of :func:`latest`.
 """
 
@@ -143,32 +143,41 @@ def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
 
 
 def main_first(conversations: Sequence[Conversation]) -> list[Conversation]:
-    """``conversations`` with the main one first, the others in their order. The main one
-    holds the run's last policy turn (its final answer; with ``n > 1``, the first choice's):
-    not a planner called first, nor an early fragment of a conversation the agent edited."""
-    main, last = 0, -1
+    """``conversations`` (as :func:`assemble` orders them) with the main one first, the
+    others in their order. The main one is the agent's longest-running conversation: the most
+    policy turns, those of the conversations it carries on after an edit included; of equals,
+    the one whose last policy turn came later (a planner called first is not the main one, nor
+    a summary written at the end of a longer conversation, nor an early fragment of a
+    conversation the agent edited as it went)."""
+    counts: dict[int, int] = {}
+    best, main = (-1, -1), 0
     for i, conversation in enumerate(conversations):
-        seq = max(
-            (
-                item.call.seq
-                for item in conversation.items
-                if isinstance(item, Turn) and item.call.trainable and not item.context_only
-            ),
-            default=-1,
-        )
-        if seq > last:
-            main, last = i, seq
+        turns = [item for item in conversation.items if isinstance(item, Turn) and _policy(item)]
+        n = len(turns)
+        carried_on = conversation.continues
+        if carried_on is not None:  # the turns it carries on, up to the one it sent back
+            items = carried_on.of.items
+            cut = next(k for k in range(len(items) - 1, -1, -1) if items[k] is carried_on.turn)
+            n += counts.get(id(carried_on.of), 0) - sum(map(_policy, items[cut + 1 :]))
+        counts[id(conversation)] = n
+        score = (n, max((turn.call.seq for turn in turns), default=-1))
+        if score > best:
+            best, main = score, i
     out = list(conversations)
     if out:
         out.insert(0, out.pop(main))
     return out
 
 
+def _policy(item: Item) -> bool:
+    return isinstance(item, Turn) and item.call.trainable and not item.context_only
+
+
 def latest(conversations: Sequence[Conversation]) -> list[Conversation]:
-    """The conversations no other one continues (in their order): with their
-    :meth:`~Conversation.timeline`, every message of the run once."""
-    continued = {id(c.continues.of) for c in conversations if c.continues is not None}
-    return [c for c in conversations if id(c) not in continued]
+    """The conversations no other one carries on from their last turn (in their order): with
+    their :meth:`~Conversation.timeline`, every message of the run once."""
+    carried = {id(c.continues.turn) for c in conversations if c.continues is not None}
+    return [c for c in conversations if id(c.items[-1]) not in carried]
 
 
 def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> Conversation | None:

@@ -164,8 +164,9 @@ class Trajectory:
         return merge_layers(self.call_log.records)
 
     def conversations(self) -> list[Conversation]:
-        """The calls assembled into conversations, the main one first: the one holding the
-        run's last policy turn (its final answer; ``arttrace.capture._conversations``)."""
+        """The calls assembled into conversations, the main one first: the agent's
+        longest-running one, whose last turn is the run's answer
+        (``arttrace.capture._conversations.main_first``)."""
         return main_first(assemble(self.calls))
 
     @property

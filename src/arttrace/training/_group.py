@@ -59,7 +59,7 @@ class GroupRun:
     so this is not always its index in :attr:`Group.runs`."""
     trajectory: Trajectory
     """What the run did: its calls, conversations (``trajectory.conversations()``: the main
-    one, holding the run's last policy turn, first; then sub-agents and other histories),
+    one, the agent's longest-running, first; then sub-agents and other histories),
     metadata."""
     reward: float
     """The run's own reward (from ``reward_fn``, the rollout's return value, or
@@ -67,9 +67,9 @@ class GroupRun:
 
     @property
     def output(self) -> str | None:
-        """The run's final answer: the text of its last policy turn, which ends its main
-        conversation (``None`` without one; not a planner's plan called first, nor an early
-        turn of a conversation the agent edited as it went). The rollout's return value itself
+        """The run's final answer: the text of the last turn of its main conversation, the
+        agent's longest-running one (``None`` without one; not a planner's plan called first,
+        nor an early turn of a conversation the agent edited as it went). The rollout's return value itself
         is not kept: it is neither journaled nor sent back by a Ray worker."""
         conversations = self.trajectory.conversations()
         for item in reversed(conversations[0].items if conversations else []):
