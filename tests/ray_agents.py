@@ -107,6 +107,19 @@ def killed_until_retried(example: dict[str, Any]) -> float:
     return 1.0
 
 
+def queued(example: dict[str, Any]) -> float:
+    """Notes its example id and worker PID in ``example["log"]``; the first run of an example
+    with ``"hang"`` then waits to be killed."""
+    log = Path(example["log"])
+    first = example["id"] not in (log.read_text().split() if log.exists() else ())
+    with log.open("a") as file:
+        file.write(f"{example['id']} {os.getpid()}\n")
+    if example.get("hang") and first:
+        time.sleep(120)  # the test kills this process long before
+        raise AssertionError("the worker was not killed")
+    return 1.0
+
+
 def stuck_on_doomed_node(example: dict[str, Any]) -> float:
     """Notes its node and PID in ``example["log"]``. On the node ``example["doomed"]`` it then
     waits to be lost with it; elsewhere it returns 1.0 once a run has reached that node (so

@@ -5,6 +5,7 @@ workers fails when the executor is bound, naming it, and a Trainer journals each
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -35,7 +36,13 @@ from arttrace.executors import InProcessExecutor, RayExecutor
 from arttrace.executors._frozen import freeze, thaw
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
 from arttrace.training._rollout import RolloutRunner
-from ray_cluster import RayCluster, ray_cluster_fixture  # noqa: F401  (the fixture)
+from ray_cluster import (  # noqa: F401  (the fixture)
+    LOOPBACK,
+    RayCluster,
+    descendants,
+    listening,
+    ray_cluster_fixture,
+)
 from ray_driver import EXAMPLES, drivers, run_example
 
 pytestmark = pytest.mark.usefixtures("instrumented")
@@ -127,8 +134,12 @@ async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
 
         for key, t in remote.items():
             assert t.exception is None, t.exception
-            assert untimed(t) == untimed(expected[key])
-            assert t.metadata == {"split": "train", "step": 0, "rollout": key[1]}
+            data = untimed(t)
+            where = {k: data["metadata"].pop(k) for k in ("node_id", "node_address", "worker_pid")}
+            assert data == untimed(expected[key])
+            assert data["metadata"] == {"split": "train", "step": 0, "rollout": key[1]}
+            assert where["node_id"] in ray_cluster.node_ids
+            assert where["node_address"] == "127.0.0.1" and isinstance(where["worker_pid"], int)
             turns = [c for c in t.calls if c.trainable]
             assert len(turns) == 2 and turns[0].choices[0].message["tool_calls"]
             assert turns[1].prompt_token_ids and turns[1].choices[0].token_ids
@@ -136,11 +147,45 @@ async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
         assert [t.reward for t in remote.values()] == [t.reward for t in expected.values()]
         ran = [p.read_text().split() for p in nodes.iterdir()]
         assert len(ran) == 8 * GROUP
+        for (example_id, k), t in remote.items():  # the metadata says where it ran
+            node, pid = (nodes / f"{example_id}-{k}").read_text().split()
+            assert (t.metadata["node_id"], t.metadata["worker_pid"]) == (node, int(pid))
         assert {node for node, _ in ran} == set(ray_cluster.node_ids)
         processes[rollout] = {pid for _, pid in ran}
     # bound again for the sync rollout, the executor kept its 4 actors
     assert processes[ray_agents.solve_sync] == processes[ray_agents.solve_async]
     assert len(processes[ray_agents.solve_sync]) == 4
+
+
+def test_the_cluster_keeps_what_ray_writes_in_its_own_temp_folder(ray_cluster: RayCluster):
+    """On a machine where Ray never ran there is no ``<temp>/ray`` folder: Ray's
+    ``ray_current_cluster`` must go under the cluster's own folder, not the system's."""
+    own = ray_cluster.temp / "ray" / "ray_current_cluster"
+    assert own.read_text() == ray_cluster.address
+    system = Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+    assert not system.exists() or system.read_text() != ray_cluster.address
+
+
+def test_every_process_of_the_cluster_listens_on_loopback_only(
+    four: RayExecutor, ray_cluster: RayCluster
+):
+    """Token authentication is off on the test cluster: nothing of it may be reachable from
+    the network (GCS, raylets, agents, the actors' workers, this driver)."""
+    cluster = ray_cluster.cluster
+    pids = {os.getpid()}
+    for node in [cluster.head_node, *cluster.worker_nodes]:
+        for processes in node.all_processes.values():
+            for process in processes:
+                pids |= descendants(process.process.pid)
+    sockets = listening(pids)
+    assert len({pid for pid, _ in sockets}) >= 6  # GCS, 2 raylets, the workers, this one
+    assert [(pid, address) for pid, address in sockets if not _loopback(address)] == []
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.rpartition(":")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv6 socket's
+    return (mapped or ip).is_loopback
 
 
 async def test_the_driver_judges_the_groups_of_runs_made_on_ray(
@@ -193,7 +238,9 @@ async def test_the_driver_judges_the_groups_of_runs_made_on_ray(
         ]
 
 
-async def test_a_trainer_on_ray_journals_every_slot_once(four: RayExecutor, servers, tmp_path):
+async def test_a_trainer_on_ray_journals_every_slot_once_saying_where_it_ran(
+    four: RayExecutor, ray_cluster: RayCluster, servers, tmp_path, capsys
+):
     dataset = examples(servers, 4)
     model = art.TrainableModel(
         name="m",
@@ -237,6 +284,26 @@ async def test_a_trainer_on_ray_journals_every_slot_once(four: RayExecutor, serv
     assert [r.metrics["exceptions"] for r in results] == [0, 0]
     assert all(r.metrics["groups_kept"] == 2 for r in results)
 
+    # where each run ran: in its metadata, shown and filtered by `arttrace runs` (and view)
+    from arttrace.app.cli import main
+    from arttrace.store import open_run
+
+    with open_run(tmp_path / "out") as store:
+        rows = store.trajectories(limit=None)
+        assert len(rows) == 2 * 2 * GROUP
+        assert {r.node_id for r in rows} <= set(ray_cluster.node_ids)
+        assert {r.node_address for r in rows} == {"127.0.0.1"}
+        assert all(isinstance(r.worker_pid, int) for r in rows)
+        on = {node: store.count(node=node) for node in ray_cluster.node_ids}
+        assert sum(on.values()) == len(rows) and store.count(node="127.0.0.1") == len(rows)
+        assert [r.node_id for r in store.trajectories(node=rows[0].node_id, limit=None)] == [
+            rows[0].node_id
+        ] * on[rows[0].node_id]
+    main(["runs", str(tmp_path / "out"), "--trajectories", "--node", rows[0].node_id])
+    listed = capsys.readouterr().out.splitlines()
+    assert "ran on" in listed[0] and len(listed) == 1 + on[rows[0].node_id]
+    assert all(f"127.0.0.1 {rows[0].node_id[:8]} pid " in line for line in listed[1:])
+
 
 def test_a_rollout_that_cannot_be_pickled_fails_at_bind_naming_it():
     lock = threading.Lock()
@@ -250,6 +317,37 @@ def test_a_rollout_that_cannot_be_pickled_fails_at_bind_naming_it():
     message = str(caught.value)
     assert message.startswith("the rollout cannot be sent to the Ray workers")
     assert "its variable 'lock' is a threading.Lock, which cannot be pickled" in message
+
+
+async def test_a_client_inside_a_trainable_function_is_named_as_the_users_variable():
+    """``@at.trainable``'s wrapper holds the user's function in its variable ``fn``: the
+    message names the user's variable, as for an undecorated rollout."""
+    client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
+
+    @at.trainable
+    async def rollout(example: Any) -> float:
+        await client.chat.completions.create(model="policy", messages=[])
+        return 1.0
+
+    async def calls_it(example: Any) -> float:
+        return await rollout(example)
+
+    try:
+        for agent, named in (
+            (rollout, "its variable 'client' (an openai.AsyncOpenAI) holds"),
+            (
+                calls_it,
+                "the variable 'client' (an openai.AsyncOpenAI) that its variable "
+                "'rollout' uses holds",
+            ),
+        ):
+            with pytest.raises(at.ConfigurationError) as caught:
+                RayExecutor().bind(RolloutRunner(agent, None, 1), [{"id": "a"}], 1)
+            message = str(caught.value)
+            assert f"{named} a threading.RLock at client._client." in message
+            assert "'fn'" not in message
+    finally:
+        await client.close()
 
 
 def test_a_reward_fn_or_example_that_cannot_be_pickled_fails_at_bind_naming_it():
@@ -267,6 +365,33 @@ def test_a_reward_fn_or_example_that_cannot_be_pickled_fails_at_bind_naming_it()
     assert str(caught.value).startswith("example 2 (id 'c') cannot be sent to the Ray workers")
     assert "example['guard'] is a threading.Lock" in str(caught.value)
     assert "Keep examples to plain data" in str(caught.value)
+
+
+def test_the_default_pool_is_what_the_cluster_can_place_and_a_larger_one_is_said_once(
+    ray_cluster: RayCluster, caplog
+):
+    """The Trainer's max_concurrency (32 by default) as the pool's size left actors pending
+    for good on a small cluster: the default is what the nodes can hold (here the head node's
+    one ``spare``); a max_in_flight past that is the user's, and said once."""
+    runner = RolloutRunner(ray_agents.constant, None, 32)
+    with caplog.at_level(logging.INFO, logger="arttrace"):
+        for max_in_flight, size in ((None, 1), (3, 3)):
+            executor = RayExecutor(num_cpus=0, resources={"spare": 1}, max_in_flight=max_in_flight)
+            executor.bind(runner, [{"id": "a"}], 32)
+            try:
+                assert executor._pool is not None and len(executor._pool.members) == size
+            finally:
+                executor.close()
+    said = [r.getMessage() for r in caplog.records if "RayExecutor:" in r.getMessage()]
+    assert len(said) == 2, said
+    room = "the cluster's nodes have room for 1 at a time (num_cpus=0, num_gpus=0, "
+    assert said[0].startswith(
+        f"arttrace: RayExecutor: 1 rollout actors, not the Trainer's max_concurrency=32: {room}"
+    )
+    assert said[1].startswith(
+        f"arttrace: RayExecutor: 2 of the 3 rollout actors (max_in_flight) wait for room: {room}"
+    )
+    assert "spare=1" in said[0] and "an autoscaler adds nodes for them" in said[1]
 
 
 def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_it(
@@ -294,6 +419,51 @@ def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_
     finally:
         executor.close()
     assert (t.reward, t.exception) == (1.0, None)
+
+
+_UNREACHABLE = """
+import sys, time
+import arttrace as at
+from arttrace.executors import RayExecutor
+from arttrace.training._rollout import RolloutRunner
+
+async def rollout(example):
+    return 1.0
+
+executor = RayExecutor(address="127.0.0.1:1")
+started = time.monotonic()
+try:
+    executor.bind(RolloutRunner(rollout, None, 1), [{"id": "a"}], 1)
+except at.ConfigurationError as error:
+    print(f"{time.monotonic() - started:.1f}", error, file=sys.stderr)
+"""
+
+
+def test_an_unreachable_address_is_refused_within_seconds_naming_it(tmp_path):
+    """A typo in the address: Ray alone retries it for about 14 minutes, naming another
+    address (its own rewrite of 127.0.0.1). In its own process: this one is on the cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _UNREACHABLE],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    seconds, _, message = done.stderr.strip().splitlines()[-1].partition(" ")
+    assert float(seconds) < 10, done.stderr
+    assert message.startswith(
+        "cannot reach the Ray cluster of RayExecutor(address=...) = '127.0.0.1:1': nothing "
+        "accepts a connection at '127.0.0.1:1' (ConnectionRefusedError"
+    )
+    assert "Check the address (`ray status` on the head node prints it)" in message
+
+
+def _where(t: at.Trajectory, ray_cluster: RayCluster) -> dict[str, Any]:
+    """The node metadata ``t`` has, checked: one of the cluster's nodes, on loopback."""
+    assert t.metadata["node_id"] in ray_cluster.node_ids
+    return {"node_id": t.metadata["node_id"], "node_address": "127.0.0.1"}
 
 
 LOST = "(ActorDiedError|ActorUnavailableError)"
@@ -328,9 +498,10 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
             killed = await asyncio.to_thread(_kill_when_written, pids, 1)
             t = await asyncio.wait_for(run, 60)
         # the first try was killed, the second ran on another worker and came back, once
-        assert (t.reward, t.exception, t.metadata) == (1.0, None, metadata)
         tries = [int(p) for p in pids.read_text().split()]
         assert tries[0] == killed and len(tries) == 2 and tries[1] != killed
+        assert (t.reward, t.exception) == (1.0, None)
+        assert t.metadata == {**metadata, **_where(t, ray_cluster), "worker_pid": tries[1]}
         [warning] = [
             r.getMessage() for r in caplog.records if "lost its Ray worker" in r.getMessage()
         ]
@@ -340,16 +511,49 @@ async def test_a_worker_killed_mid_rollout_is_retried_then_reported_when_no_retr
         caplog.clear()
         executor.max_retries = 0
         run = asyncio.ensure_future(executor.run("a", {**example, "hang": 9}, lambda: metadata))
-        await asyncio.to_thread(_kill_when_written, pids, 3)
+        killed = await asyncio.to_thread(_kill_when_written, pids, 3)
         t = await asyncio.wait_for(run, 60)
     finally:
         executor.close()
-    assert t.example_id == "a" and t.metadata == metadata and t.reward is None
+    assert t.example_id == "a" and t.reward is None
+    assert t.metadata == {**metadata, **_where(t, ray_cluster), "worker_pid": killed}  # last try
     assert t.exception is not None and re.fullmatch(LOST, t.exception["type"])
     assert "died on each of its 1 tries (max_retries=0)" in t.exception["message"]
     assert t.exception["type"] in t.exception["traceback"]
     assert not [r for r in caplog.records if "lost its Ray worker" in r.getMessage()]
     assert len(pids.read_text().split()) == 3
+
+
+async def test_a_rollout_retried_after_its_worker_died_runs_before_the_ones_queued_behind_it(
+    ray_cluster: RayCluster, tmp_path
+):
+    """One actor: ``a`` runs, ``b0``-``b2`` wait for it (the next step's rollouts, say). ``a``'s
+    worker dies: its retry holds up its step, so it takes the next actor, not the queue's
+    end."""
+    log = tmp_path / "log"
+    executor = RayExecutor(num_cpus=0, max_in_flight=1)
+    executor.bind(RolloutRunner(ray_agents.queued, None, 1), [{"id": "a"}], 1)
+
+    def run(name: str, **example: Any) -> asyncio.Future[at.Trajectory]:
+        example = {"id": name, "log": str(log), **example}
+        return asyncio.ensure_future(executor.run(name, example, lambda: {"rollout": 0}))
+
+    try:
+        first = run("a", hang=True)
+        while not (log.exists() and log.read_text().endswith("\n")):
+            await asyncio.sleep(0.05)
+        behind = [run(f"b{i}") for i in range(3)]
+        await asyncio.sleep(0.5)  # queued behind a
+        os.kill(int(log.read_text().split()[1]), signal.SIGKILL)
+        done = await asyncio.wait_for(asyncio.gather(first, *behind), 120)
+    finally:
+        executor.close()
+    assert [(t.example_id, t.reward, t.exception) for t in done] == [
+        (name, 1.0, None) for name in ("a", "b0", "b1", "b2")
+    ]
+    assert [line.split()[0] for line in log.read_text().splitlines()] == [
+        "a", "a", "b0", "b1", "b2"
+    ]  # fmt: skip
 
 
 async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
@@ -385,6 +589,37 @@ async def test_a_node_lost_mid_rollout_is_retried_on_a_healthy_node(
     assert "(attempt 2 of 3)" in warning
 
 
+async def test_a_dead_nodes_raylet_log_stays_off_the_drivers_terminal(
+    ray_cluster: RayCluster, capsys, caplog
+):
+    """A node whose raylet is killed: its agents each send the driver the raylet's last log
+    lines (~20 ``[state-dump]`` lines); a bound RayExecutor keeps them in the logs."""
+    executor = RayExecutor(num_cpus=0, max_in_flight=1)
+    executor.bind(RolloutRunner(ray_agents.constant, None, 1), [{"id": "a"}], 1)
+    node = ray_cluster.add_node(num_cpus=1)
+    printed = ""
+    try:
+        with caplog.at_level(logging.DEBUG, logger="arttrace"):
+            node.all_processes["raylet"][0].process.kill()
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                said = capsys.readouterr()
+                printed += said.out + said.err
+                reported = [
+                    r for r in caplog.records if "reported a raylet's end" in r.getMessage()
+                ]
+                if reported or "Raylet is terminated" in printed:
+                    break
+                await asyncio.sleep(0.2)
+    finally:
+        executor.close()
+        ray_cluster.cluster.remove_node(node, allow_graceful=False)
+    assert "Raylet is terminated" not in printed and "(raylet)" not in printed
+    assert (
+        reported and "Raylet is terminated. Termination is unexpected" in reported[0].getMessage()
+    )
+
+
 _LOCAL = """
 import asyncio, sys
 import ray
@@ -409,6 +644,7 @@ def test_with_no_cluster_it_starts_a_quiet_local_ray_and_shuts_it_down_on_close(
     """What a first run on a laptop does (its own process: this one is on the test cluster)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)  # Ray keeps the local instance's token in ~/.ray
+    env.update(LOOPBACK)  # its Ray on 127.0.0.1 (Ray's token authentication on, as by default)
     temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # its sessions' folders (short paths)
     try:
         done = subprocess.run(

@@ -23,7 +23,9 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -87,6 +89,7 @@ class _RolloutActor:
     ) -> None:
         self.runner: RolloutRunner[Any] | None = None
         self.error: dict[str, Any] | None = None
+        self.where = _where()
         self.load(rollout, reward_fn, max_concurrency, timeout)
 
     def load(
@@ -115,8 +118,8 @@ class _RolloutActor:
         self.runner = RolloutRunner(loaded, score, max_concurrency, timeout)
 
     def ready(self) -> dict[str, Any]:
-        """This worker's frozen format, and why it cannot run rollouts (if so)."""
-        return {"format": FORMAT, "error": self.error}
+        """This worker's frozen format, where it is, and why it cannot run rollouts (if so)."""
+        return {"format": FORMAT, "error": self.error, "where": self.where}
 
     def check(self, examples: list[bytes]) -> tuple[int, dict[str, Any]] | None:
         """The first example that cannot be loaded here, and why."""
@@ -135,11 +138,27 @@ class _RolloutActor:
         settings: Settings,
     ) -> bytes:
         _instrument(settings)
+        metadata = {**metadata, **self.where}
         if self.runner is None:
             assert self.error is not None
             message = _load_message(**self.error)
             return freeze(_failed(example_id, metadata, "ConfigurationError", message, ""))
         return freeze(await self.runner.run(example_id, example, metadata))
+
+
+WHERE = ("node_id", "node_address", "worker_pid")
+"""The metadata a run made on Ray gets: the node it ran on (Ray's id, and its address) and its
+worker's process id. A run that failed because its worker died has those of its last try."""
+
+
+def _where() -> dict[str, MetadataValue]:
+    """This worker's place in the cluster (see :data:`WHERE`)."""
+    context = ray.get_runtime_context()
+    return dict(zip(WHERE, (context.get_node_id(), _node_address(), os.getpid()), strict=True))
+
+
+def _node_address() -> str:
+    return str(ray.util.get_node_ip_address())
 
 
 def _instrument(settings: Settings) -> None:
@@ -221,8 +240,14 @@ def _pickled(obj: Any, what: str, root: str) -> bytes:
 
 
 _Hop = tuple[str, Any, Exception]
-"""A step into an object (``.attr``, ``[key]``, or ``=name`` for a variable the path then
-starts from), the part it reaches, and the error pickling that part gave."""
+"""A step into an object (``.attr``, ``[key]``, ``=name`` for a variable the path then
+starts from, or :data:`_THROUGH`), the part it reaches, and the error pickling that part
+gave."""
+
+_THROUGH = "~"
+"""The step from a decorator's wrapper (``functools.wraps``, as ``@at.trainable``'s) to the
+function it wraps: not named, since the user wrote that function, not the wrapper's
+variable (``fn``)."""
 
 
 def _culprit(obj: Any, seen: set[int], depth: int) -> list[_Hop]:
@@ -253,8 +278,12 @@ def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
         for key, value in obj.keywords.items():
             yield f".keywords[{key!r}]", value
     elif isinstance(obj, types.FunctionType):  # pickled by value: its code's references
+        wrapped = getattr(obj, "__wrapped__", None)
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
-            yield f"={name}=its variable {name!r}", cell.cell_contents
+            if wrapped is not None and cell.cell_contents is wrapped:
+                yield _THROUGH, wrapped  # a decorator's (@at.trainable's) function: the user's
+            else:
+                yield f"={name}=its variable {name!r}", cell.cell_contents
         for name in dict.fromkeys(_global_names(obj.__code__)):
             if name in obj.__globals__:
                 yield f"={name}=its global {name!r}", obj.__globals__[name]
@@ -285,22 +314,31 @@ def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
 
 
 def _unpicklable(what: str, root: str, obj: Any, chain: list[_Hop], error: Exception) -> str:
-    """``what`` cannot be sent: which part of it, of what type, holds what cannot be pickled."""
-    path, top, top_at = root, "", -1
+    """``what`` cannot be sent: which part of it, of what type, holds what cannot be pickled.
+    The part named is the first variable on the way that is not a function (a helper
+    function's global client is named as that client, used by that helper)."""
+    path, top, top_at, via = root, "", -1, ""
     for i, (step, _part, _) in enumerate(chain):
+        if step == _THROUGH:
+            continue
         if step.startswith("="):  # a variable: the path starts again from its name
             _, path, *described = step.split("=", 2)
-            if described and not top:
+            if described and (not top or _is_function(chain[top_at][1])):
+                if top and not via:
+                    via = top
                 top, top_at = described[0], i
         else:
             path += step
             if not top:
                 top, top_at = path, i
+    used = ""
+    if via:
+        top, used = top.replace("its ", "the ", 1), f" that {via} uses"
     leaf, cause = (chain[-1][1], chain[-1][2]) if chain else (obj, error)
     if top_at in (-1, len(chain) - 1):
-        holds = f"{top or root} is {_a(leaf)}"
+        holds = f"{top or root}{used} is {_a(leaf)}"
     else:
-        holds = f"{top} ({_a(chain[top_at][1])}) holds {_a(leaf)} at {path}"
+        holds = f"{top} ({_a(chain[top_at][1])}){used} holds {_a(leaf)} at {path}"
     fix = (
         "Keep examples to plain data (text, numbers, ids) and build such objects inside the rollout"
         if root == "example"
@@ -311,6 +349,10 @@ def _unpicklable(what: str, root: str, obj: Any, chain: list[_Hop], error: Excep
         f"{what} cannot be sent to the Ray workers: {holds}, which cannot be pickled "
         f"({type(cause).__name__}: {cause}). {fix}"
     )
+
+
+def _is_function(obj: Any) -> bool:
+    return isinstance(obj, types.FunctionType | types.MethodType | functools.partial)
 
 
 def _global_names(code: types.CodeType) -> Iterator[str]:
@@ -341,7 +383,7 @@ def _example_name(index: int, example: Any) -> str:
 class _Member:
     """One actor of the pool: starting (its ``ready`` call pending), idle, or busy."""
 
-    __slots__ = ("actor", "loop", "ready", "state")
+    __slots__ = ("actor", "loop", "ready", "state", "where")
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
@@ -349,6 +391,11 @@ class _Member:
         self.state = "starting"
         self.loop: asyncio.AbstractEventLoop | None = None
         """The event loop watching ``ready`` (each ``asyncio.run`` has its own)."""
+        self.where: dict[str, MetadataValue] = {}
+        """Its worker's node and process (:data:`WHERE`), once it has started."""
+
+
+_Queue = collections.deque[asyncio.Future[None]]
 
 
 class _PoolBroken(Exception):
@@ -368,21 +415,23 @@ class _Pool:
         """The rollout actors' constructor (and ``load``) arguments."""
         self.members = [_Member(actor_class.remote(*load)) for _ in range(size)]
         self._idle: list[_Member] = []
-        self._waiting: (
-            tuple[asyncio.AbstractEventLoop, collections.deque[asyncio.Future[None]]] | None
-        ) = None
-        """The rollouts waiting for an actor, in order, on the loop they wait in."""
+        self._waiting: tuple[asyncio.AbstractEventLoop, _Queue, _Queue] | None = None
+        """The rollouts waiting for an actor, in order, on the loop they wait in: retries of
+        rollouts whose worker died first, then the others."""
         self._watchers: set[asyncio.Task[None]] = set()
         self.closed = False
         self._failed_starts = 0
         self.broken: BaseException | None = None
 
-    async def acquire(self) -> _Member:
-        """An idle actor; rollouts waiting for one get them in the order they came."""
+    async def acquire(self, retry: bool = False) -> _Member:
+        """An idle actor; rollouts waiting for one get them in the order they came, a
+        ``retry`` (a rollout whose worker died) before every rollout that is not one: it
+        holds up its step, which the rollouts queued behind it may not."""
         loop = asyncio.get_running_loop()
         if self._waiting is None or self._waiting[0] is not loop:
-            self._waiting = loop, collections.deque()
-        waiting, first = self._waiting[1], False
+            self._waiting = loop, collections.deque(), collections.deque()
+        _, retries, others = self._waiting
+        waiting, first = (retries if retry else others), False
         while True:
             if self.closed:
                 raise RuntimeError("the RayExecutor was closed")
@@ -443,7 +492,7 @@ class _Pool:
     async def _watch(self, member: _Member) -> None:
         ready = member.ready
         try:
-            await ready
+            info = await ready
         except Exception as error:
             if member.ready is ready:
                 self._failed_starts += 1
@@ -455,6 +504,7 @@ class _Pool:
             return
         if member.state == "starting" and member.ready is ready:
             self._failed_starts = 0
+            member.where = dict(info.get("where") or {})
             member.state = "idle"
             self._idle.append(member)
             self._notify()
@@ -464,18 +514,19 @@ class _Pool:
         pool closed or broken). One actor freed wakes one rollout, not every one queued."""
         if self._waiting is None:
             return
-        loop, waiting = self._waiting
+        loop, retries, others = self._waiting
         try:
             if asyncio.get_running_loop() is not loop:
                 return
         except RuntimeError:  # no loop running (close, from a plain call)
             return
-        while waiting:
-            turn = waiting.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                if not everyone:
-                    return
+        for waiting in (retries, others):
+            while waiting:
+                turn = waiting.popleft()
+                if not turn.done():
+                    turn.set_result(None)
+                    if not everyone:
+                        return
 
     def close(self) -> None:
         self.closed = True
@@ -510,6 +561,35 @@ def _quiet(logger: str, message: str) -> Iterator[None]:
         yield
     finally:
         log.removeFilter(keep)
+
+
+_RAYLET_ENDED = "Raylet is terminated"
+"""How Ray's report of a raylet that ended starts: the node's agents each send the driver the
+last lines of the raylet's log (its periodic ``[state-dump]``), about 20 lines each."""
+
+
+def _quiet_raylet_logs() -> None:
+    """Keep Ray's reports of a dead node's raylet (:data:`_RAYLET_ENDED`) off this process's
+    terminal: they stay in that node's ``raylet.out``, and go to the ``arttrace`` logger at
+    DEBUG. The rollouts the node took are retried, and each says so in one warning. Every
+    other line Ray prints here (the rollouts' own output) is kept. Idempotent; a Ray without
+    the function this wraps (private) is left as it is."""
+    worker = ray._private.worker
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "arttrace_quiet", False):
+        return
+
+    def print_to_stdstream(data: dict[str, Any], ignore_prefix: bool) -> None:
+        lines = data.get("lines") or ()
+        if data.get("pid") == "raylet" and any(
+            isinstance(line, str) and line.startswith(_RAYLET_ENDED) for line in lines
+        ):
+            _log.debug("arttrace: Ray reported a raylet's end: %s", "\n".join(lines))
+            return
+        printer(data, ignore_prefix)
+
+    print_to_stdstream.arttrace_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = print_to_stdstream
 
 
 _connection = threading.Lock()
@@ -605,7 +685,8 @@ class RayExecutor:
             for i, example in enumerate(examples)
         ]
         self._connect()
-        size = self.max_in_flight or concurrency
+        _quiet_raylet_logs()
+        size = self._size(concurrency)
         load = (rollout, reward_fn, concurrency, runner.timeout)  # the limit applies there
         self._timeout = runner.timeout
         pool = self._pool
@@ -657,6 +738,7 @@ class RayExecutor:
                         "version as here)? Install it there, or send it with "
                         "runtime_env={'pip': ['arttrace[ray]']}"
                     ) from None
+                member.where = dict(info.get("where") or {})
                 member.state = "idle"
                 pool._idle.append(member)
                 return member, info
@@ -689,6 +771,63 @@ class RayExecutor:
             index, error = bad
             error["what"] = _example_name(index, examples[index])
             raise ConfigurationError(_load_message(**error))
+
+    def _size(self, concurrency: int) -> int:
+        """The pool's size: ``max_in_flight``, else the Trainer's ``concurrency`` cut to the
+        rollouts the cluster's nodes can hold at once (an actor that cannot be placed would
+        wait for good, unless an autoscaler adds a node). Either way, said once when the
+        cluster cannot place them all now."""
+        capacity = self._capacity()
+        size = self.max_in_flight or concurrency
+        if capacity is None or capacity >= size or capacity == 0:  # 0: _first_ready says why
+            return size
+        room = (
+            f"the cluster's nodes have room for {capacity} at a time "
+            f"({self._request_text()} each; they have {self._resources_text()})"
+        )
+        if self.max_in_flight is None:
+            _log.info(
+                "arttrace: RayExecutor: %d rollout actors, not the Trainer's "
+                "max_concurrency=%d: %s. Give max_in_flight to ask for more (an autoscaler "
+                "adds nodes for them)",
+                capacity,
+                concurrency,
+                room,
+            )
+            return capacity
+        _log.warning(
+            "arttrace: RayExecutor: %d of the %d rollout actors (max_in_flight) wait for room: "
+            "%s. They hold up no rollout, and start when a node has room (an autoscaler adds "
+            "nodes for them); a smaller max_in_flight leaves them out",
+            size - capacity,
+            size,
+            room,
+        )
+        return size
+
+    def _capacity(self) -> int | None:
+        """How many rollout actors the cluster's live nodes can hold at once (``None``: no
+        limit, a rollout holds nothing)."""
+        request = self._request()
+        if not request:
+            return None
+        return sum(
+            min(
+                math.floor(float(node["Resources"].get(k, 0)) / v + 1e-9)
+                for k, v in request.items()
+            )
+            for node in _nodes()
+            if node.get("Alive")
+        )
+
+    def _resources_text(self) -> str:
+        totals: dict[str, float] = {}
+        for node in _nodes():
+            if node.get("Alive"):
+                for k, v in node["Resources"].items():
+                    if "node:" not in k and k not in ("memory", "object_store_memory"):
+                        totals[k] = totals.get(k, 0) + v
+        return ", ".join(f"{k}={v:g}" for k, v in sorted(totals.items())) or "nothing"
 
     def _request(self) -> dict[str, float]:
         return {
@@ -745,6 +884,8 @@ class RayExecutor:
                         )
                     _local = True
                 else:
+                    given = "RayExecutor(address=...)" if self.address else "RAY_ADDRESS"
+                    _reachable(address, given)
                     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
                 _users = 0
             elif not _users:  # the user's own ray.init(): theirs to shut down
@@ -777,7 +918,7 @@ class RayExecutor:
         meta = metadata()
         for attempt in range(1, attempts + 1):
             try:
-                member = await pool.acquire()
+                member = await pool.acquire(retry=attempt > 1)
             except _PoolBroken as broken:
                 cause = broken.__cause__ or broken
                 message = (
@@ -787,7 +928,7 @@ class RayExecutor:
                 return _failed(
                     example_id, meta, type(cause).__name__, message, _trace(cause), started
                 )
-            meta = metadata()  # once it starts: the policy it samples from
+            meta = {**metadata(), **member.where}  # once it starts: the policy it samples from
             ref = member.actor.run.remote(example_id, example, meta, wanted)
             try:
                 limit = None if self._timeout is None else self._timeout + _TIMEOUT_GRACE
@@ -906,6 +1047,56 @@ def _stuck(timeout: float | None) -> str:
         "The worker was replaced, and the run's calls were lost with it. Make the rollout a "
         "sync function (it then runs in a thread), or await the call (asyncio.to_thread)"
     )
+
+
+_PROBE_SECONDS = 5.0
+"""Seconds a cluster's address has to accept a connection before :meth:`RayExecutor.bind`
+refuses it (Ray itself retries an address nothing answers at for about 14 minutes)."""
+
+
+def _reachable(address: str, given: str) -> None:
+    """Refuse ``address`` (``given`` says where it came from) if nothing accepts a connection
+    there, or at the address Ray turns it into: Ray replaces a local address (``127.0.0.1``,
+    ``localhost``) with this machine's network address."""
+    if address in ("auto", "local"):
+        return
+    client = address.startswith("ray://")
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not (sep and host and port.isdigit()):
+        raise ConfigurationError(
+            f"{given} = {address!r} is not a Ray address: give the head node's 'host:port' "
+            "(port 6379 unless `ray start --head --port` chose another), "
+            "'ray://host:10001' for Ray Client, or 'auto' for the cluster this machine is in"
+        )
+    target = (host.strip("[]"), int(port))
+    ray_target = target
+    if not client:
+        with contextlib.suppress(Exception):  # Ray's own rule (private: best effort)
+            from ray._private.services import canonicalize_bootstrap_address
+
+            rewritten = canonicalize_bootstrap_address(address) or address
+            rhost, _, rport = rewritten.rpartition(":")
+            ray_target = (rhost.strip("[]"), int(rport))
+    for where in dict.fromkeys([target, ray_target]):
+        try:
+            socket.create_connection(where, timeout=_PROBE_SECONDS).close()
+        except OSError as error:
+            cause = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            if where == target:
+                said = f"nothing accepts a connection at {address!r} ({cause})"
+            else:
+                said = (
+                    f"Ray connects to {address!r} at {where[0]}:{where[1]}, this machine's "
+                    f"network address (its rule for a local address), and nothing accepts a "
+                    f"connection there ({cause}); a head node started with "
+                    "--node-ip-address=127.0.0.1 listens on loopback only"
+                )
+            raise ConfigurationError(
+                f"cannot reach the Ray cluster of {given} = {address!r}: {said}. Check the "
+                "address (`ray status` on the head node prints it), that the head node is "
+                "running, and that this machine can reach that port (firewall rules, "
+                "security groups)"
+            ) from None
 
 
 def _slot(metadata: Mapping[str, Any]) -> str:

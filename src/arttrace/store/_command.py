@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
 """``arttrace.store.ORDERS``' names, here so that building the parser imports nothing."""
-_FILTERS = ("step", "split", "example", "min_reward", "max_reward", "cause", "text")
+_FILTERS = ("step", "split", "example", "min_reward", "max_reward", "cause", "text", "node")
 _DESCRIPTION = (
     "Summarise run folders: a Trainer's output_dir, an `arttrace gateway --out` folder, a saved "
     "trajectory (.json) or a folder of them. One line per folder: steps, runs, mean reward of "
@@ -118,6 +118,10 @@ def add_runs_command(
         help="runs whose messages (user, assistant, tool, tool call arguments) hold every word "
         "of TEXT (whole words, word* for a prefix) (default: any text)",
     )
+    filters.add_argument(
+        "--node",
+        help="runs made on this Ray node (RayExecutor), by its id or its address (default: any)",
+    )
     parser.add_argument(
         "--order",
         choices=ORDERS,
@@ -198,6 +202,7 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
         "max_reward": args.max_reward,
         "cause": args.cause,
         "text": args.text,
+        "node": args.node,
     }
 
 
@@ -205,6 +210,7 @@ def _trajectories(store: RunStore, args: argparse.Namespace, out: _Output, many:
     rows = store.trajectories(
         **_filters(args), order=args.order, limit=args.limit or None, offset=args.offset
     )
+    located = any(row.node_id for row in rows)
     for row in rows:
         if out.json:
             data = dataclasses.asdict(row)
@@ -221,6 +227,10 @@ def _trajectories(store: RunStore, args: argparse.Namespace, out: _Output, many:
             "causes": "; ".join(row.causes),
             "exception": "" if row.exception_type is None else row.exception_type,
         }
+        if located:  # made on Ray: the node (address, id's start) and worker process
+            shown["ran on"] = (
+                f"{row.node_address} {row.node_id[:8]} pid {row.worker_pid}" if row.node_id else ""
+            )
         out.row(store, shown, labelled=many)
     if not out.json:
         total = store.count(**_filters(args))

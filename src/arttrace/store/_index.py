@@ -32,7 +32,7 @@ from ..training._journal import _damaged
 from . import _scan
 from ._rows import Kind
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped whenever the tables change: an index of another version is rebuilt."""
 INDEX_NAME = ".arttrace-index.sqlite"
 BATCH_LINES = 1000
@@ -83,7 +83,10 @@ CREATE TABLE runs(
     causes TEXT NOT NULL,
     sources TEXT NOT NULL,
     started_at REAL,
-    ended_at REAL
+    ended_at REAL,
+    node_id TEXT,
+    node_address TEXT,
+    worker_pid INTEGER
 );
 CREATE INDEX runs_order ON runs(step, position, rollout);
 CREATE INDEX runs_reward ON runs(reward);
@@ -476,7 +479,7 @@ class Index:
     ) -> None:
         self.db.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?)",
+            "?, ?, ?, ?, ?, ?, ?)",
             (
                 row_id,
                 file_id,
@@ -501,6 +504,9 @@ class Index:
                 SEPARATOR.join(f.sources),
                 f.started_at,
                 f.ended_at,
+                f.node_id,
+                f.node_address,
+                f.worker_pid,
             ),
         )
         self.db.executemany("INSERT INTO causes VALUES (?, ?)", [(c, row_id) for c in f.causes])

@@ -171,6 +171,11 @@ class TrajectoryRow:
     frameworks that made them (``langchain``, ...)."""
     started_at: float | None
     ended_at: float | None
+    node_id: str | None
+    """Where it ran, on Ray (``RayExecutor``): the node's id, its address and the worker's
+    process id, from the run's metadata; ``None`` for a run made in the Trainer's process."""
+    node_address: str | None
+    worker_pid: int | None
     file: Path
     offset: int
     length: int

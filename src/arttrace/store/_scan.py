@@ -192,6 +192,9 @@ class Figures:
     sources: tuple[str, ...]
     started_at: float | None
     ended_at: float | None
+    node_id: str | None
+    node_address: str | None
+    worker_pid: int | None
     text: str
 
 
@@ -237,7 +240,7 @@ def figures(data: dict[str, Any]) -> Figures:
         reward=t.reward,
         exception_type=None if exception is None else str(exception.get("type") or "Exception"),
         exception_message=None if exception is None else str(exception.get("message") or ""),
-        policy_step=policy if isinstance(policy, int) and not isinstance(policy, bool) else None,
+        policy_step=_int(policy),
         calls=len(calls),
         trainable_turns=turns,
         completion_tokens=completion,
@@ -246,8 +249,19 @@ def figures(data: dict[str, Any]) -> Figures:
         sources=tuple(sorted(layers, key=lambda s: (s not in LOWER_LAYERS, s))),
         started_at=_time(t.started_at),
         ended_at=_time(t.ended_at),
+        node_id=_str(metadata.get("node_id")),
+        node_address=_str(metadata.get("node_address")),
+        worker_pid=_int(metadata.get("worker_pid")),
         text=_text(call_messages(calls)),
     )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _time(value: Any) -> float | None:

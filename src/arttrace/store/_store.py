@@ -33,8 +33,8 @@ ORDERS = {
 _COLUMNS = (
     "runs.id, runs.step, position, rollout, split, example_id, reward, exception_type, "
     "exception_message, policy_step, calls, trainable_turns, completion_tokens, "
-    "trainable_tokens, causes, sources, started_at, ended_at, files.path, runs.start, length, "
-    "runs.set_aside"
+    "trainable_tokens, causes, sources, started_at, ended_at, node_id, node_address, "
+    "worker_pid, files.path, runs.start, length, runs.set_aside"
 )
 _FROM = "runs JOIN files ON files.id = runs.file_id"
 _TOKEN = re.compile(r"[^\W_]+")
@@ -163,17 +163,18 @@ class RunStore:
         max_reward: float | None = None,
         cause: str | None = None,
         text: str | None = None,
+        node: str | None = None,
         order: str = "step",
         limit: int | None = 100,
         offset: int = 0,
     ) -> list[TrajectoryRow]:
         """The indexed runs that pass every filter given (``text``: each word in the run's
-        messages, see :meth:`count`), in ``order`` (see :data:`ORDERS`), ``limit`` from
-        ``offset`` (``limit=None``: all)."""
+        messages, see :meth:`count`; ``node``: made on the Ray node of that id or address),
+        in ``order`` (see :data:`ORDERS`), ``limit`` from ``offset`` (``limit=None``: all)."""
         if order not in ORDERS:
             raise ConfigurationError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         where, params = self._where(
-            step, split, example_id, min_reward, max_reward, cause, text, listing=True
+            step, split, example_id, min_reward, max_reward, cause, text, node, listing=True
         )
         sql = f"SELECT {_COLUMNS} FROM {_FROM}{where} ORDER BY {ORDERS[order]} LIMIT ? OFFSET ?"
         rows = self._query(sql, [*params, -1 if limit is None else limit, offset])
@@ -189,6 +190,7 @@ class RunStore:
         max_reward: float | None = None,
         cause: str | None = None,
         text: str | None = None,
+        node: str | None = None,
     ) -> int:
         """How many runs pass the filters. ``text``: every word of it appears in the run's
         messages (user, assistant and tool contents, tool call names and arguments, reasoning;
@@ -198,7 +200,7 @@ class RunStore:
         # One filter alone is counted in its own table (each of its rows is one run's): ~5x
         # faster than testing each run against it.
         words = (text or "").split()
-        if all(v is None for v in (step, split, example_id, min_reward, max_reward)):
+        if all(v is None for v in (step, split, example_id, min_reward, max_reward, node)):
             if cause is not None and not words:
                 return int(
                     self._query("SELECT count(*) FROM causes WHERE cause = ?", (cause,))[0][0]
@@ -207,7 +209,9 @@ class RunStore:
             if cause is None and query:
                 sql = "SELECT count(*) FROM texts WHERE texts MATCH ?"
                 return int(self._query(sql, (query,))[0][0])
-        where, params = self._where(step, split, example_id, min_reward, max_reward, cause, text)
+        where, params = self._where(
+            step, split, example_id, min_reward, max_reward, cause, text, node
+        )
         return int(self._query(f"SELECT count(*) FROM runs{where}", params)[0][0])
 
     def _where(
@@ -219,11 +223,15 @@ class RunStore:
         max_reward: float | None,
         cause: str | None,
         text: str | None,
+        node: str | None = None,
         *,
         listing: bool = False,
     ) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
+        if node is not None:
+            clauses.append("(node_id = ? OR node_address = ?)")
+            params += [node, node]
         for clause, value in (
             ("runs.step = ?", step),
             ("split = ?", split),
@@ -259,7 +267,8 @@ class RunStore:
         (
             row_id, step, position, rollout, split, example_id, reward, exception_type,
             exception_message, policy_step, calls, trainable_turns, completion_tokens,
-            tokens, causes, sources, started, ended, path, start, length, set_aside,
+            tokens, causes, sources, started, ended, node_id, node_address, worker_pid, path,
+            start, length, set_aside,
         ) = row  # fmt: skip
         return TrajectoryRow(
             id=row_id,
@@ -280,6 +289,9 @@ class RunStore:
             sources=tuple(sources.split(SEPARATOR)) if sources else (),
             started_at=started,
             ended_at=ended,
+            node_id=node_id,
+            node_address=node_address,
+            worker_pid=worker_pid,
             file=self._paths.get(path) or self._paths.setdefault(path, self.root / path),
             offset=start,
             length=length,

@@ -461,6 +461,7 @@ def _filters(request: Request) -> tuple[dict[str, Any], str, int, int]:
         "max_reward": _float(request, "max_reward"),
         "cause": q.get("cause") or None,
         "text": q.get("text") or None,
+        "node": q.get("node") or None,
     }
     if filters["split"] not in (None, "train", "val"):
         raise HTTPException(400, f"split is train or val, got {filters['split']!r}")

@@ -1,5 +1,6 @@
-// Find: the runs of a folder by reward range, example id, step, split, untrainable cause and
-// text (the store's full-text index), a page at a time. The filters live in the URL.
+// Find: the runs of a folder by reward range, example id, step, split, untrainable cause,
+// text (the store's full-text index) and the Ray node they ran on, a page at a time. The
+// filters live in the URL.
 
 import { get } from "./api.js";
 import { colorOf } from "./charts.js";
@@ -7,7 +8,7 @@ import { badge, fill, h, num, pager, problemBox, table } from "./dom.js";
 import { gate } from "./common.js";
 
 const LIMIT = 50;
-const FIELDS = ["run", "split", "step", "example_id", "min_reward", "max_reward", "cause", "text", "order", "offset"];
+const FIELDS = ["run", "split", "step", "example_id", "min_reward", "max_reward", "cause", "text", "node", "order", "offset"];
 
 function go(params) {
   const query = new URLSearchParams();
@@ -36,6 +37,7 @@ export async function renderFind(box, route, app) {
       h("label", {}, "to", input("max_reward", { type: "number", step: "any", class: "short" })),
       h("label", {}, "untrainable cause", causeSelect),
       h("label", { class: "wide" }, "text", input("text", { type: "search", placeholder: "words in the messages" })),
+      h("label", {}, "Ray node", input("node", { placeholder: "id or address" })),
       h("label", {}, "order", h("select", { name: "order", "aria-label": "order" }, [["step", "step"], ["-step", "step, last first"], ["-reward", "reward, high first"], ["reward", "reward, low first"], ["-id", "newest indexed first"]].map(([v, t]) => h("option", { value: v, text: t, selected: v === (p.order || "step") })))),
     ),
     h("div", { class: "form-actions" }, h("button", { type: "submit", class: "primary", text: "Find" }), h("a", { href: `#/find?run=${runIndex}`, text: "clear" })),
@@ -90,6 +92,7 @@ export async function renderFind(box, route, app) {
             ["trainable tokens", (r) => num(r.trainable_tokens), "num"],
             ["untrainable", (r) => (r.causes || []).map((c) => badge(c, "warn"))],
             ["exception", (r) => (r.exception_type ? badge(r.exception_type, "bad", r.exception_message) : "")],
+            ...(found.rows.some((r) => r.node_id) ? [["ran on", (r) => (r.node_id ? h("code", { text: `${r.node_address} pid ${r.worker_pid}`, title: `Ray node ${r.node_id}` }) : "—")]] : []),
           ],
           found.rows,
           { href: (r) => `#/r/${runIndex}/run/${r.id}`, empty: "no run matches these filters", cls: "found-runs" },
