@@ -96,7 +96,8 @@ class Break:
     """The run's conversation it is in (0: the main one, as in ``to_art()``)."""
     turn: int
     """The checked turn whose prompt broke (0-based among the conversation's trained turns;
-    never 0 itself: the first turn has nothing to extend)."""
+    0 only in a conversation the agent carried on after an edit, whose first turn extends the
+    earlier conversation's last: any other first turn has nothing to extend)."""
     position: int
     """The first token position where its prompt differs from the previous prompt and
     sampled ids."""
