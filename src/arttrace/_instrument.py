@@ -13,9 +13,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from . import integrations
-from .capture import _context, _http, _threads
+from .capture import _context, _http, _imports, _threads
 from .capture._calls import Settings
-from .capture._imports import when_imported
 
 if TYPE_CHECKING:
     import openai
@@ -54,28 +53,27 @@ def instrument(
     from .translation import _inprocess
 
     _inprocess.configure(translate)  # first: a bad value changes nothing
-    first = _context.shim_settings() is None
     _context.set_shim_settings(Settings(request_training_data, export_tokens))
-    if first:
-        when_imported("openai", _patch_openai)
+    _imports.when_imported("openai", _patch_openai)
     _threads.install()
     integrations.hook_frameworks()
     _http.install()
     # Outside the shim's wrapper, for calls that instrument() or a run translates: such a call
     # is recorded below it, as the Chat Completions call it becomes.
-    when_imported("openai", _inprocess.stand_aside)
+    _imports.when_imported("openai", _inprocess.stand_aside)
 
 
 def uninstrument() -> None:
-    """Remove the global patch, the framework hooks and the HTTP-client hooks (idempotent).
+    """Undo all that :func:`instrument` did (idempotent): the global patch, the framework and
+    HTTP-client hooks, the hooks still waiting for a module to be imported, translation.
     Clients passed to :func:`wrap_openai` stay wrapped."""
     if _context.shim_settings() is None:
         return
+    _imports.forget()
     _http.uninstall()
     from .translation import _inprocess
 
-    _inprocess.configure(None)
-    _inprocess.restore()
+    _inprocess.reset()
     integrations.unhook_frameworks()
     _threads.uninstall()
     shim = sys.modules.get(_SHIM)

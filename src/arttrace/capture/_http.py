@@ -55,7 +55,6 @@ _ENDPOINTS = (
     ("/completions", "completions"),
 )
 _on = False
-_watched: set[str] = set()
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -65,11 +64,7 @@ def install() -> None:
     global _on
     _on = True
     for client, hook in _HOOKS.items():
-        if client not in _watched:
-            _watched.add(client)  # fires at once if the client is already imported
-            when_imported(client, functools.partial(_on_import, hook))
-        elif client in sys.modules:
-            _patch(hook)
+        when_imported(client, functools.partial(_on_import, hook), key=(__name__, client))
 
 
 def uninstall() -> None:

@@ -28,19 +28,14 @@ FRAMEWORKS = {
 """Integration module -> the framework module whose import triggers it."""
 
 _enabled = False
-_watched: set[str] = set()
 
 
 def hook_frameworks() -> None:
     """Install each integration now if its framework is imported, else when it is."""
     global _enabled
     _enabled = True
-    for name, module in FRAMEWORKS.items():
-        if name not in _watched:
-            _watched.add(name)  # fires at once if the module is already imported
-            when_imported(module, functools.partial(_on_import, name))
-        elif module in sys.modules:
-            _install(name)
+    for name, module in FRAMEWORKS.items():  # at once if the framework is imported
+        when_imported(module, functools.partial(_on_import, name), key=(__name__, name))
 
 
 def unhook_frameworks() -> None:

@@ -117,6 +117,14 @@ def _unwrap_aside(cls: Any) -> None:
         outer, current = current, current.__wrapped__
 
 
+def reset() -> None:
+    """Translate nothing, as before :func:`arttrace.instrument`: no protocol, no run's choice
+    looked at, the wrappers of :func:`stand_aside` removed."""
+    global _process, _runs_translate
+    _process, _runs_translate = frozenset(), False
+    restore()
+
+
 def restore() -> None:
     """Remove the wrappers of :func:`stand_aside`."""
     import sys
