@@ -135,7 +135,8 @@ async def test_runs_on_both_nodes_equal_the_same_runs_in_process(
         for key, t in remote.items():
             assert t.exception is None, t.exception
             data = untimed(t)
-            where = {k: data["metadata"].pop(k) for k in ("node_id", "node_address", "worker_pid")}
+            data["metadata"] = meta = dict(data["metadata"])  # to_dict's is the run's own
+            where = {k: meta.pop(k) for k in ("node_id", "node_address", "worker_pid")}
             assert data == untimed(expected[key])
             assert data["metadata"] == {"split": "train", "step": 0, "rollout": key[1]}
             assert where["node_id"] in ray_cluster.node_ids
