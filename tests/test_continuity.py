@@ -607,6 +607,23 @@ def test_reasoning_the_agent_strips_from_its_own_turn_is_an_assistant_edit(qwen3
     assert found.conversations == 1 and found.sequences == 2 == art_sequences(qwen3, t)[0]
 
 
+def test_an_agent_that_rewrites_its_own_turn_continues_with_an_assistant_edit(
+    qwen2: Any,
+) -> None:
+    """A ReAct agent re-renders its action before sending it back (the input as a Python
+    dict): the turn is not sent back, but the history before it is, with an assistant message
+    in its place."""
+    run = Run(qwen2)
+    history = [{"role": "system", "content": "Answer with actions."}, user("What is 5+6?")]
+    run.turn(history, assistant('Action: add {"a": 5, "b": 6}'))
+    history += [assistant("Action: add {'a': 5, 'b': 6}"), user("Observation: 11")]
+    run.turn(history, assistant("Answer: 11"))
+    t = run.trajectory()
+    found = run_continuity(t)
+    assert [(b.cause, b.edit) for b in found.breaks] == [("other", "assistant")]
+    assert found.conversations == 1 and found.sequences == 2 == art_sequences(qwen2, t)[0]
+
+
 def test_separate_conversations_stay_separate(qwen2: Any) -> None:
     """Not continuations: a critic with its own system prompt given the agent's history, a
     sub-agent asked again with another task, and a fresh attempt (a new timestamp, without

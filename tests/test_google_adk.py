@@ -338,7 +338,9 @@ async def test_a_turn_adk_repaired_or_dropped_is_kept_once_as_sampled(
 ) -> None:
     """ADK repairs tool-call arguments it can (unquoted keys) and drops those it cannot
     (MALFORMED_FUNCTION_CALL), so its response differs from the server's; the call is still
-    kept once, with the arguments the model sampled, paired by the server's completion id."""
+    kept once, with the arguments the model sampled, paired by the server's completion id.
+    (A repaired turn sent back is an edit: the next call continues the conversation in a
+    history of its own, the main one, and the sampled turn trains in the first.)"""
     llm = ScriptedLLM(
         [Reply(tool_calls=[ToolCall("add", arguments)]), Reply("3.")], tokenizer=LenientTokenizer()
     )
@@ -352,7 +354,12 @@ async def test_a_turn_adk_repaired_or_dropped_is_kept_once_as_sampled(
         await solve()
         t.reward = 0.0
     assert len(t.calls) == len(llm.requests) and all(c.framework == "google_adk" for c in t.calls)
-    turn = t.to_art().messages_and_choices[2]
+    result = t.to_art()
+    histories = [
+        result.messages_and_choices,
+        *(h.messages_and_choices for h in result.additional_histories),
+    ]
+    (turn,) = [h[2] for h in histories if isinstance(h[2], Choice)]
     assert_trainable(turn)
     assert turn.message.tool_calls[0].function.arguments == arguments
 

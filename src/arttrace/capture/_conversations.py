@@ -13,7 +13,9 @@ fresh attempt at the task does not meet:
 
 1. the call sends back the earlier conversation's latest sampled turn (leniently: a
    ``<think>`` block and surrounding whitespace aside): only the agent that got an answer
-   carries it on; and
+   carries it on; or it repeats that conversation's messages before the turn and puts an
+   assistant message in the turn's place (the agent rewrote its own turn, as ReAct agents
+   re-render their action); and
 2. its first message is the earlier conversation's first message, or an edit of it: the same
    role, with at least half of the text in common at its start and end (a timestamp, a
    counter, a note appended).
@@ -214,6 +216,8 @@ def _continued(
         if key is None:
             key = loose[id(turn)] = loose_key(turn.choice.message)
         at = where.get(key)
+        if at is None:
+            at = _rewritten(conversation, keys)
         if at is None or not _same_start(conversation.items[0], messages[0]):
             continue
         rank = (at, turn.call.seq)
@@ -226,6 +230,17 @@ def _continued(
     assert isinstance(turn, Turn)
     edit, index = _edit(conversation, keys, at)
     return Continuation(conversation, turn, at + 1, edit, index)
+
+
+def _rewritten(conversation: Conversation, keys: list[Hashable]) -> int | None:
+    """Where the call puts an assistant message in place of ``conversation``'s latest turn,
+    after all of that conversation's earlier messages as they were; else ``None``."""
+    n = len(conversation.keys)
+    if n < 2 or len(keys) < n or _role(keys[n - 1]) != "assistant":
+        return None
+    if keys[n - 2] != conversation.keys[-2] or keys[: n - 1] != conversation.keys[:-1]:
+        return None
+    return n - 1
 
 
 def _same_start(first: Item, message: dict[str, Any]) -> bool:
