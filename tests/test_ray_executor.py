@@ -387,12 +387,32 @@ def test_the_default_pool_is_what_the_cluster_can_place_and_a_larger_one_is_said
     assert len(said) == 2, said
     room = "the cluster's nodes have room for 1 at a time (num_cpus=0, num_gpus=0, "
     assert said[0].startswith(
-        f"arttrace: RayExecutor: 1 rollout actors, not the Trainer's max_concurrency=32: {room}"
+        f"arttrace: RayExecutor: 1 rollout actor(s), not the Trainer's max_concurrency=32: {room}"
     )
     assert said[1].startswith(
         f"arttrace: RayExecutor: 2 of the 3 rollout actors (max_in_flight) wait for room: {room}"
     )
     assert "spare=1" in said[0] and "an autoscaler adds nodes for them" in said[1]
+
+
+def test_an_address_other_than_the_connected_clusters_is_said_to_be_ignored(
+    ray_cluster: RayCluster, caplog
+):
+    """Ray keeps one connection per process: once it is connected (here, by the tests), an
+    executor given another address uses the connected cluster, and says so."""
+    runner = RolloutRunner(ray_agents.constant, None, 1)
+    with caplog.at_level(logging.WARNING, logger="arttrace"):
+        for address in (ray_cluster.address, "127.0.0.1:1"):
+            executor = RayExecutor(num_cpus=0, resources={"spare": 1}, address=address)
+            executor.bind(runner, [{"id": "a"}], 1)
+            executor.close()
+    said = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert said == [
+        "arttrace: RayExecutor(address='127.0.0.1:1') is ignored: this process is already "
+        f"connected to the Ray cluster at {ray_cluster.address} (ray.init() was called first), "
+        "and Ray keeps one connection per process. Call ray.shutdown() before the Trainer "
+        "starts to use another cluster"
+    ]
 
 
 def test_a_rollout_from_a_module_the_workers_cannot_import_fails_at_bind_naming_it(

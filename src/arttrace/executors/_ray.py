@@ -787,7 +787,7 @@ class RayExecutor:
         )
         if self.max_in_flight is None:
             _log.info(
-                "arttrace: RayExecutor: %d rollout actors, not the Trainer's "
+                "arttrace: RayExecutor: %d rollout actor(s), not the Trainer's "
                 "max_concurrency=%d: %s. Give max_in_flight to ask for more (an autoscaler "
                 "adds nodes for them)",
                 capacity,
@@ -888,9 +888,11 @@ class RayExecutor:
                     _reachable(address, given)
                     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
                 _users = 0
-            elif not _users:  # the user's own ray.init(): theirs to shut down
-                self._connected, self._shared = True, False
-                return
+            else:
+                _elsewhere(self.address)
+                if not _users:  # the user's own ray.init(): theirs to shut down
+                    self._connected, self._shared = True, False
+                    return
             _users += 1
             self._connected = self._shared = True
 
@@ -1052,6 +1054,26 @@ def _stuck(timeout: float | None) -> str:
 _PROBE_SECONDS = 5.0
 """Seconds a cluster's address has to accept a connection before :meth:`RayExecutor.bind`
 refuses it (Ray itself retries an address nothing answers at for about 14 minutes)."""
+
+
+def _elsewhere(address: str | None) -> None:
+    """Say so when ``RayExecutor(address=...)`` is not the cluster this process is already
+    connected to: Ray keeps one connection per process, so the executor uses that one."""
+    if not address or address in ("auto", "local"):
+        return
+    connected = ray.get_runtime_context().gcs_address
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    at_host, _, at_port = connected.rpartition(":")
+    here = {"localhost", "127.0.0.1", ray.util.get_node_ip_address()}
+    if port == at_port and (host == at_host or {host, at_host} <= here):
+        return
+    _log.warning(
+        "arttrace: RayExecutor(address=%r) is ignored: this process is already connected to "
+        "the Ray cluster at %s (ray.init() was called first), and Ray keeps one connection "
+        "per process. Call ray.shutdown() before the Trainer starts to use another cluster",
+        address,
+        connected,
+    )
 
 
 def _reachable(address: str, given: str) -> None:
