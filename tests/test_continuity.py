@@ -854,6 +854,8 @@ def test_a_guessed_cause_says_so_and_the_trainers_tokenizer_decides_for_name_at_
     ]
     given = _continuity.PolicyTokenizer.for_trainer(str(folder), lambda: None)
     assert [b.decided_by for b in run_continuity(t, given).breaks] == ["text"]
+    loaded = _continuity.PolicyTokenizer.for_trainer(qwen2, lambda: None)  # a transformers one
+    assert [b.decided_by for b in run_continuity(t, loaded).breaks] == ["text"]
     assert t.to_art(given).metadata["continuity_breaks_guessed"] == 0
     assert t.to_art().metadata["continuity_breaks_guessed"] == 1
     with pytest.raises(at.ConfigurationError, match=r"tokenizer='no/such-model'.*not a folder"):
@@ -1043,3 +1045,8 @@ async def test_the_trainer_counts_edits_and_finds_its_models_tokenizer_for_name_
     message = str(warning.message)
     assert "Most common causes, tied: retokenized and other (2 each of 4" in message
     assert "(system: 2)" in message and "a guess" not in message
+    with pytest.raises(at.ConfigurationError, match=r"Trainer\(tokenizer='no/such-model'\)"):
+        at.Trainer(
+            model, backend, rollout, [{"id": "x", "q": "?"}], output_dir=tmp_path / "other",
+            tokenizer="no/such-model",
+        )  # fmt: skip
