@@ -69,8 +69,8 @@ class GroupRun:
     def output(self) -> str | None:
         """The run's final answer: the text of the last turn of its main conversation, the
         agent's longest-running one (``None`` without one; not a planner's plan called first,
-        nor an early turn of a conversation the agent edited as it went). The rollout's return value itself
-        is not kept: it is neither journaled nor sent back by a Ray worker."""
+        nor an early turn of a conversation the agent edited as it went). The rollout's return
+        value itself is not kept: it is neither journaled nor sent back by a Ray worker."""
         conversations = self.trajectory.conversations()
         for item in reversed(conversations[0].items if conversations else []):
             if isinstance(item, Turn):
