@@ -106,7 +106,8 @@ def test_a_call_only_the_framework_saw_is_context_and_warns_once_with_the_fix(cl
     assert [c.source for c in t.calls] == ["someframework", "someframework"]
     assert t.trainable_turns == 0
     t.reward = 0.0
-    assert [m["content"] for m in t.to_art().messages_and_choices] == ["What is 1+2?", "3"]
+    # Two conversations of one turn each: the later is the main one (the run's last answer).
+    assert [m["content"] for m in t.to_art().messages_and_choices] == ["What is 1+2?", "4"]
 
 
 def test_outside_a_trajectory_nothing_is_recorded():
