@@ -31,12 +31,14 @@ wants each conversation once reads :meth:`Conversation.timeline` of :func:`lates
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._records import ChoiceRecord, LLMCall, field_of
 
+Key = tuple[Any, str, tuple[tuple[Any, str], ...]]
+"""A message as :func:`message_key` identifies it: role, text, tool calls."""
 Edit = Literal["system", "user", "assistant", "tool", "trimmed"]
 """What changed first when a conversation continues an earlier one: a message of that role
 was edited (or inserted), or ``trimmed``: earlier messages were removed."""
@@ -83,7 +85,7 @@ class Continuation:
 @dataclass(slots=True, eq=False)
 class Conversation:
     items: list[Item] = field(default_factory=list)
-    keys: list[Hashable] = field(default_factory=list)
+    keys: list[Key] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     continues: Continuation | None = None
 
@@ -117,15 +119,12 @@ class Conversation:
 
 def assemble(calls: Iterable[LLMCall]) -> list[Conversation]:
     conversations: list[Conversation] = []
-    loose: dict[int, Hashable] = {}  # id(turn) -> loose_key of its message, computed once
     for call in sorted(calls, key=lambda c: c.seq):
         if not call.choices:
             continue
         keys = [message_key(m) for m in call.messages]
         base = _longest_prefix(conversations, keys)
-        continued = (
-            None if base is not None else _continued(conversations, call.messages, keys, loose)
-        )
+        continued = None if base is not None else _continued(conversations, keys)
         prefix = base.branch() if base is not None else Conversation()
         for i, choice in enumerate(call.choices):
             if i == 0 and base is not None:
@@ -182,7 +181,7 @@ def latest(conversations: Sequence[Conversation]) -> list[Conversation]:
     return [c for c in conversations if id(c.items[-1]) not in carried]
 
 
-def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> Conversation | None:
+def _longest_prefix(conversations: list[Conversation], keys: list[Key]) -> Conversation | None:
     best: Conversation | None = None
     for conversation in conversations:
         n = len(conversation.keys)
@@ -196,61 +195,50 @@ def _longest_prefix(conversations: list[Conversation], keys: list[Hashable]) -> 
     return best
 
 
-def _continued(
-    conversations: list[Conversation],
-    messages: list[dict[str, Any]],
-    keys: list[Hashable],
-    loose: dict[int, Hashable],
-) -> Continuation | None:
-    """The earlier conversation this call carries on after changing its messages (the
-    module's rule), and what changed; ``None`` for a conversation of its own."""
-    if not messages:
+def _continued(conversations: list[Conversation], keys: list[Key]) -> Continuation | None:
+    """The earlier conversation this call (its messages' keys) carries on after changing its
+    messages (the module's rule), and what changed; ``None`` for a conversation of its own.
+    Keys only: a call's messages are not read again."""
+    if not keys:
         return None
-    where = {loose_key(m): i for i, m in enumerate(messages)}  # the last place of each
-    best: tuple[int, int, Conversation, int] | None = None
-    for conversation in conversations:
+    where = {_loose(k): i for i, k in enumerate(keys)}  # the last place of each
+    found: list[tuple[int, int, int, Conversation, Turn]] = []
+    for n, conversation in enumerate(conversations):
         turn = conversation.items[-1]
         if not isinstance(turn, Turn) or turn.context_only:
             continue
-        key = loose.get(id(turn))
-        if key is None:
-            key = loose[id(turn)] = loose_key(turn.choice.message)
-        at = where.get(key)
+        at = where.get(_loose(conversation.keys[-1]))
         if at is None:
             at = _rewritten(conversation, keys)
-        if at is None or not _same_start(conversation.items[0], messages[0]):
-            continue
-        rank = (at, turn.call.seq)
-        if best is None or rank > best[:2]:
-            best = (*rank, conversation, at)
-    if best is None:
-        return None
-    _, _, conversation, at = best
-    turn = conversation.items[-1]
-    assert isinstance(turn, Turn)
-    edit, index = _edit(conversation, keys, at)
-    return Continuation(conversation, turn, at + 1, edit, index)
+        if at is not None:
+            found.append((at, turn.call.seq, -n, conversation, turn))
+    found.sort(key=lambda f: f[:3], reverse=True)  # the best first: rule 2 is checked once
+    for at, _, _, conversation, turn in found:
+        if _same_start(conversation.keys[0], keys[0]):
+            edit, index = _edit(conversation, keys, at)
+            return Continuation(conversation, turn, at + 1, edit, index)
+    return None
 
 
-def _rewritten(conversation: Conversation, keys: list[Hashable]) -> int | None:
+def _rewritten(conversation: Conversation, keys: list[Key]) -> int | None:
     """Where the call puts an assistant message in place of ``conversation``'s latest turn,
     after all of that conversation's earlier messages as they were; else ``None``."""
     n = len(conversation.keys)
-    if n < 2 or len(keys) < n or _role(keys[n - 1]) != "assistant":
+    if n < 2 or len(keys) < n or keys[n - 1][0] != "assistant":
         return None
     if keys[n - 2] != conversation.keys[-2] or keys[: n - 1] != conversation.keys[:-1]:
         return None
     return n - 1
 
 
-def _same_start(first: Item, message: dict[str, Any]) -> bool:
-    """Rule 2: ``message`` is ``first`` or an edit of it keeping most of its text."""
-    old = first.choice.message if isinstance(first, Turn) else first
-    if old.get("role") != message.get("role"):
-        return False
-    if message_key(old) == message_key(message):
+def _same_start(first: Key, key: Key) -> bool:
+    """Rule 2: the message of ``key`` is the one of ``first`` or an edit of it keeping most of
+    its text."""
+    if first == key:
         return True
-    a, b = _text(old.get("content")), _text(message.get("content"))
+    if first[0] != key[0]:
+        return False
+    a, b = first[1], key[1]
     longest = max(len(a), len(b))
     if not longest:
         return True
@@ -271,7 +259,7 @@ def _common(a: str, b: str) -> int:
     return lo
 
 
-def _edit(conversation: Conversation, keys: list[Hashable], at: int) -> tuple[Edit, int]:
+def _edit(conversation: Conversation, keys: list[Key], at: int) -> tuple[Edit, int]:
     """What the call changed in ``conversation``'s history before its latest turn (which sits
     at ``keys[at]``), and where: the first message that differs, ``trimmed`` when the call's
     history is the earlier one with messages left out, the first one added when it is the
@@ -285,12 +273,8 @@ def _edit(conversation: Conversation, keys: list[Hashable], at: int) -> tuple[Ed
     if len(new) < len(old) and _subsequence(new, old):
         return "trimmed", front
     if front == len(old) or (len(new) > len(old) and _subsequence(old, new)):
-        return _kind(_role(new[front])), front
-    return _kind(_role(old[front])), front
-
-
-def _role(key: Hashable) -> Any:
-    return key[0] if isinstance(key, tuple) and key else None
+        return _kind(new[front][0]), front
+    return _kind(old[front][0]), front
 
 
 def _kind(role: Any) -> Edit:
@@ -303,13 +287,13 @@ def _kind(role: Any) -> Edit:
     return "user"
 
 
-def _subsequence(short: Sequence[Hashable], long: Sequence[Hashable]) -> bool:
+def _subsequence(short: Sequence[Key], long: Sequence[Key]) -> bool:
     rest = iter(long)
     return all(any(k == x for x in rest) for k in short)
 
 
-def message_key(message: dict[str, Any]) -> Hashable:
-    """What identifies a message when comparing conversations.
+def message_key(message: dict[str, Any]) -> Key:
+    """What identifies a message when comparing conversations: its role, text and tool calls.
 
     Lenient where frameworks differ without changing meaning: missing vs null vs empty content,
     text parts vs a string, surrounding whitespace, tool-call ids, JSON argument formatting.
@@ -317,13 +301,13 @@ def message_key(message: dict[str, Any]) -> Hashable:
     return (message.get("role"), _text(message.get("content")), _calls(message))
 
 
-def loose_key(message: dict[str, Any]) -> Hashable:
-    """:func:`message_key` with a ``<think>`` block left out of the text: an agent that strips
-    the reasoning from its own turn still sends that turn back."""
-    text = _text(message.get("content"))
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1].strip()
-    return (message.get("role"), text, _calls(message))
+def _loose(key: Key) -> Key:
+    """A :func:`message_key` with a ``<think>`` block left out of the text: an agent that
+    strips the reasoning from its own turn still sends that turn back."""
+    role, text, calls = key
+    if "</think>" not in text:
+        return key
+    return (role, text.rsplit("</think>", 1)[1].strip(), calls)
 
 
 def _calls(message: dict[str, Any]) -> tuple[tuple[Any, str], ...]:
