@@ -72,8 +72,9 @@ $(CHROMIUM):
 # The suite leaves a core idle about half the time (servers, subprocesses, a browser, a Ray
 # cluster wait more than they compute): the slowest files run in a second pytest beside the
 # rest, and mypy beside both.
-SIDE_TESTS := tests/test_ray_executor.py tests/test_viewer.py tests/test_store.py \
-  tests/test_exports.py tests/test_cpu_backend.py tests/test_docs.py tests/test_notebook.py
+SIDE_TESTS := tests/test_ray_executor.py tests/test_rollout_timeout.py tests/test_viewer.py \
+  tests/test_store.py tests/test_exports.py tests/test_cpu_backend.py tests/test_docs.py \
+  tests/test_notebook.py
 test: setup-test $(CHROMIUM)
 	$(RUFF)
 	$(BIN)/mypy > .mypy.out 2>&1 & mypy=$$!; \

@@ -241,13 +241,13 @@ def test_one_pool_across_two_workers_loses_a_call_to_httpcores_race(gateway: Ser
     1.0.9, encode/httpcore#1110). Holding idle connections to two origins (two workers'
     ports), a pass that closes the expired ones yields after closing the first; the call that
     was given worker 1's connection starts on it meanwhile, and the pass then closes it under
-    the call (``ClosedResourceError``, raised as ``ReadError``). The gateway sees a caller
-    that hung up and counts it as one. With a client per origin (bench_gateway.py's caller,
-    docs/gateway.md) the same timing loses nothing."""
+    the call (``ClosedResourceError``, raised as ``ReadError``). With a client per origin
+    (bench_gateway.py's caller, docs/gateway.md) the same timing loses nothing."""
     with fresh() as client:
         runs = runs_on_both(client, gateway.base)
+        # Whether the request reached worker 1 before the pool closed it is a matter of
+        # timing; a hang-up that did is counted (the test above holds that).
         assert asyncio.run(burst_after_expiry(runs, shared=True)) == ["ReadError", 200]
-        assert disconnected(client, runs[1], 1) == 1  # the caller's hang-up, counted as such
         runs = runs_on_both(client, gateway.base)
         assert asyncio.run(burst_after_expiry(runs, shared=False)) == [200, 200]
         assert [disconnected(client, run, 0) for run in runs.values()] == [0, 0]
