@@ -69,20 +69,26 @@ $(CHROMIUM):
 	  { $$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends chromium; }
 
 # The lint as `make lint`, mypy (about 40 s cold, one core) beside the tests, not before them.
-# The suite leaves a core idle about half the time (servers, subprocesses, a browser, a Ray
-# cluster wait more than they compute): the slowest files run in a second pytest beside the
-# rest, and mypy beside both.
+# The suite keeps about one core busy on average (servers, subprocesses, a browser, a Ray
+# cluster wait more than they compute): it runs as three pytest processes side by side (the
+# slowest files; the gateway, translation, framework and import-order files; the rest), and
+# mypy beside them.
 SIDE_TESTS := tests/test_ray_executor.py tests/test_rollout_timeout.py tests/test_viewer.py \
   tests/test_store.py tests/test_exports.py tests/test_cpu_backend.py tests/test_docs.py \
   tests/test_notebook.py
+LANE_TESTS := $(wildcard tests/test_gateway*.py tests/test_translation*.py) \
+  tests/test_import_order.py tests/test_openai_agents.py tests/test_google_adk.py \
+  tests/test_llama_index.py tests/test_langchain.py tests/test_http_frameworks.py
 test: setup-test $(CHROMIUM)
 	$(RUFF)
 	$(BIN)/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(BIN)/pytest -q -p no:cacheprovider $(SIDE_TESTS) > .pytest-side.out 2>&1 & side=$$!; \
-	$(BIN)/pytest -q $(foreach f,$(SIDE_TESTS),--ignore=$(f)); tests=$$?; \
+	$(BIN)/pytest -q -p no:cacheprovider $(LANE_TESTS) > .pytest-lane.out 2>&1 & lane=$$!; \
+	$(BIN)/pytest -q $(foreach f,$(SIDE_TESTS) $(LANE_TESTS),--ignore=$(f)); tests=$$?; \
 	wait $$side; side_tests=$$?; echo "$(SIDE_TESTS):"; cat .pytest-side.out; \
-	wait $$mypy; typed=$$?; cat .mypy.out; rm -f .mypy.out .pytest-side.out; \
-	[ $$tests = 0 ] && [ $$side_tests = 0 ] && [ $$typed = 0 ]
+	wait $$lane; lane_tests=$$?; echo "$(LANE_TESTS):"; cat .pytest-lane.out; \
+	wait $$mypy; typed=$$?; cat .mypy.out; rm -f .mypy.out .pytest-side.out .pytest-lane.out; \
+	[ $$tests = 0 ] && [ $$side_tests = 0 ] && [ $$lane_tests = 0 ] && [ $$typed = 0 ]
 
 bench: setup-test
 	$(BIN)/python bench/bench_import.py
