@@ -812,22 +812,16 @@ class RayExecutor:
         if not request:
             return None
         return sum(
-            min(
-                math.floor(float(node["Resources"].get(k, 0)) / v + 1e-9)
-                for k, v in request.items()
-            )
-            for node in _nodes()
-            if node.get("Alive")
+            min(math.floor(float(have.get(k, 0)) / v + 1e-9) for k, v in request.items())
+            for have in _live_resources()
         )
 
     def _resources_text(self) -> str:
         totals: dict[str, float] = {}
-        for node in _nodes():
-            if node.get("Alive"):
-                for k, v in node["Resources"].items():
-                    if "node:" not in k and k not in ("memory", "object_store_memory"):
-                        totals[k] = totals.get(k, 0) + v
-        return ", ".join(f"{k}={v:g}" for k, v in sorted(totals.items())) or "nothing"
+        for have in _live_resources():
+            for k, v in _shown(have).items():
+                totals[k] = totals.get(k, 0) + v
+        return _resources(totals) or "nothing"
 
     def _request(self) -> dict[str, float]:
         return {
@@ -846,21 +840,11 @@ class RayExecutor:
         """Whether a node of the cluster as it is now could ever hold one rollout actor."""
         request = self._request()
         return any(
-            all(node["Resources"].get(k, 0) >= v for k, v in request.items())
-            for node in _nodes()
-            if node.get("Alive")
+            all(have.get(k, 0) >= v for k, v in request.items()) for have in _live_resources()
         )
 
     def _unplaceable(self) -> ConfigurationError:
-        nodes = [n["Resources"] for n in _nodes() if n.get("Alive")]
-        have = "; ".join(
-            ", ".join(
-                f"{k}={v:g}"
-                for k, v in sorted(r.items())
-                if "node:" not in k and k not in ("memory", "object_store_memory")
-            )
-            for r in nodes
-        )
+        have = "; ".join(_resources(_shown(r)) for r in _live_resources())
         return ConfigurationError(
             f"no node of the Ray cluster can hold one rollout ({self._request_text()}); "
             f"its nodes have: {have or 'nothing'}. Ask for less per rollout, or add a node "
@@ -1036,6 +1020,24 @@ def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
         ) from error
 
 
+def _live_resources() -> list[dict[str, float]]:
+    """The resources of each live node of the cluster."""
+    return [node["Resources"] for node in _nodes() if node.get("Alive")]
+
+
+def _shown(resources: Mapping[str, float]) -> dict[str, float]:
+    """What a user asks a rollout for (not Ray's per-node and memory entries)."""
+    return {
+        k: v
+        for k, v in resources.items()
+        if "node:" not in k and k not in ("memory", "object_store_memory")
+    }
+
+
+def _resources(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
+
+
 _TIMEOUT_GRACE = 30.0
 """Seconds past ``rollout_timeout`` the driver waits for a worker to send back the run it
 stopped, before it gives the worker up as stuck (its first run also loads capture)."""
@@ -1062,8 +1064,8 @@ def _elsewhere(address: str | None) -> None:
     if not address or address in ("auto", "local"):
         return
     connected = ray.get_runtime_context().gcs_address
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    at_host, _, at_port = connected.rpartition(":")
+    host, port = _host_port(address)
+    at_host, at_port = _host_port(connected)
     here = {"localhost", "127.0.0.1", ray.util.get_node_ip_address()}
     if port == at_port and (host == at_host or {host, at_host} <= here):
         return
@@ -1076,6 +1078,12 @@ def _elsewhere(address: str | None) -> None:
     )
 
 
+def _host_port(address: str) -> tuple[str, str]:
+    """``host:port`` (or ``ray://host:port``) as its two parts (``""`` for a missing one)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return host, port
+
+
 def _reachable(address: str, given: str) -> None:
     """Refuse ``address`` (``given`` says where it came from) if nothing accepts a connection
     there, or at the address Ray turns it into: Ray replaces a local address (``127.0.0.1``,
@@ -1083,8 +1091,8 @@ def _reachable(address: str, given: str) -> None:
     if address in ("auto", "local"):
         return
     client = address.startswith("ray://")
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not (sep and host and port.isdigit()):
+    host, port = _host_port(address)
+    if not (host and port.isdigit()):
         raise ConfigurationError(
             f"{given} = {address!r} is not a Ray address: give the head node's 'host:port' "
             "(port 6379 unless `ray start --head --port` chose another), "
