@@ -11,11 +11,11 @@ alternating order each round, CPU time of this thread (``thread_time``) for:
 
 - ``assemble``: ``Trajectory.conversations()``, the calls grouped into conversations (the
   search for a conversation carried on after an edit included);
-- ``check``: ``arttrace._continuity.continuity(conversations)``, the check alone (what
+- ``check``: ``arttrace.capture._continuity.continuity(conversations)``, the check alone (what
   ``to_art()`` adds, on the conversations it assembles anyway);
 - ``to_art``: ``Trajectory.to_art()`` whole (check included), for scale.
 
-It also shows that the check is not on the capture path: ``arttrace._continuity`` is not
+It also shows that the check is not on the capture path: ``arttrace.capture._continuity`` is not
 imported while the runs are captured (it loads on the first ``to_art()``, or with the
 Trainer), so the capture overhead figures of ``bench_capture.py`` do not move.
 
@@ -114,9 +114,9 @@ def main() -> None:
 
     at.instrument()
     runs = {name: asyncio.run(capture(name)) for name in ("typical", "broken", "timestamped")}
-    on_capture_path = "arttrace._continuity" in sys.modules
+    on_capture_path = "arttrace.capture._continuity" in sys.modules
     at.uninstrument()
-    from arttrace._continuity import continuity  # after capturing, on purpose
+    from arttrace.capture._continuity import continuity  # after capturing, on purpose
 
     results: dict[str, dict[str, list[float]]] = {name: {} for name in runs}
     for _ in range(args.rounds):
@@ -132,7 +132,7 @@ def main() -> None:
 
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
-    print(f"arttrace._continuity imported while capturing: {on_capture_path}")
+    print(f"arttrace.capture._continuity imported while capturing: {on_capture_path}")
     for name, t in runs.items():
         found = continuity(t.conversations())
         prompt = t.calls[-1].prompt_token_ids

@@ -32,7 +32,7 @@ import openai
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-import arttrace._art as conversion
+import arttrace.capture._art as conversion
 from arttrace.capture._conversations import Turn
 from arttrace.testing import ScriptedLLM
 from bench_trainer import GROUP_SIZE, GROUPS, make_rollout, responder

@@ -1,6 +1,6 @@
 """The Choices ``to_art()`` builds without validation are the objects validation would build.
 
-``arttrace._art`` builds each trainable turn's per-token logprob objects directly. Every test
+``capture._art`` builds each trainable turn's per-token logprob objects directly. Every test
 here holds its output against ``Choice.model_validate`` of the same data in plain form (what
 ``to_art`` did before), for turns captured over HTTP from the scripted vLLM-like server (whole,
 streamed, tool calls, ``top_logprobs``) and for the record shapes only frameworks and saved
@@ -26,7 +26,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 import arttrace as at
-from arttrace._art import messages_and_choices
+from arttrace.capture._art import messages_and_choices
 from arttrace.capture._conversations import Conversation, Turn
 from arttrace.capture._records import ChoiceRecord, LLMCall
 from arttrace.integrations._core import choice_record

@@ -21,12 +21,15 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 from tokenizers import AddedToken
 
 import arttrace as at
-from arttrace import _continuity
-from arttrace._continuity import RunContinuity, run_continuity, step_continuity, warn_continuity
-from arttrace.capture import _warnings
+from arttrace.capture import _continuity, _warnings
+from arttrace.capture._continuity import (
+    RunContinuity,
+    run_continuity,
+    step_continuity,
+    warn_continuity,
+)
 from arttrace.capture._records import ChoiceRecord, LLMCall
-from arttrace.testing import HFChatTokenizer, LLMServer, Reply, ScriptedLLM
-from arttrace.testing.tokenizers import Completion
+from arttrace.testing import Completion, HFChatTokenizer, LLMServer, Reply, ScriptedLLM
 from conftest import TOOLS
 from qwen import qwen_tokenizer
 

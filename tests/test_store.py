@@ -27,9 +27,9 @@ import pytest
 
 import arttrace as at
 from arttrace import store as run_store
-from arttrace._art import trainable_tokens
 from arttrace._errors import ConfigurationError, JournalError
 from arttrace.capture import _warnings
+from arttrace.capture._art import trainable_tokens
 from arttrace.gateway import Gateway
 from arttrace.store import (
     ORDERS,

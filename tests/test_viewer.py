@@ -564,7 +564,7 @@ def test_the_runs_model_s_tokenizer_comes_from_the_hugging_face_cache(
 def test_a_tokenizer_that_cannot_load_says_what_to_do(tmp_path, qwen_folder):
     """Each way --tokenizer can be wrong, told at once (before transformers loads) in one line
     that says what to give instead."""
-    from arttrace.viewer._tokens import TokenizerError, problem
+    from arttrace._tokenizers._find import TokenizerError, problem
 
     empty = tmp_path / "empty"
     empty.mkdir()

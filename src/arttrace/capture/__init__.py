@@ -4,5 +4,5 @@
 the OpenAI shim (``_openai``, ``_chat``) and the framework hooks (:mod:`arttrace.integrations`)
 record calls as :class:`~arttrace.LLMCall` records (``_records``) through one call lifecycle
 (``_calls``); a call seen by two layers is kept once (``_layers``). Nothing here imports ART or
-torch: conversion to ART's types (``arttrace._art``) loads on first use.
+torch: conversion to ART's types (``capture._art``) loads on first use.
 """

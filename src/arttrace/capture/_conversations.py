@@ -21,7 +21,7 @@ fresh attempt at the task does not meet:
    counter, a note appended).
 
 Of several such conversations, the one whose turn comes latest in the call's messages wins,
-then the one sampled last. Token continuity (``arttrace._continuity``) counts the step from
+then the one sampled last. Token continuity (``capture._continuity``) counts the step from
 the earlier conversation into its continuation as a turn boundary (a break, cause ``other``,
 when the prompt no longer extends the earlier one, as it almost never does); the run's main
 conversation is the agent's longest-running one (:func:`main_first`), and a reader who

@@ -184,8 +184,8 @@ class Trajectory:
                 f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
                 "(or `arttrace.current_trajectory().reward = ...`) before converting it"
             )
-        from .._art import history, messages_and_choices  # ART loads on first use
-        from .._continuity import continuity
+        from ._art import history, messages_and_choices  # ART loads on first use
+        from ._continuity import continuity
 
         main, *others = self.conversations() or [Conversation()]
         checked: dict[str, int] = {}

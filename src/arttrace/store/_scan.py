@@ -204,7 +204,7 @@ def figures(data: dict[str, Any]) -> Figures:
     ``Trajectory.calls`` merges them. Each call's choices are turns of exactly one
     conversation (``_conversations.assemble`` copies a turn into a branch as context only), so
     the trainable turns are its trainable calls' choices ART accepts, and the trainable tokens
-    their sampled ids (what ``arttrace._art.trainable_tokens`` counts)."""
+    their sampled ids (what ``arttrace.capture._art.trainable_tokens`` counts)."""
     t = Trajectory.from_dict(data)
     calls = t.calls
     turns = tokens = completion = 0

@@ -2,9 +2,9 @@
 127.0.0.1 (:func:`serve`) or in-process (:meth:`ScriptedLLM.transport`, or
 :meth:`ScriptedLLM.handle` as a respx side effect)."""
 
+from .._tokenizers._chat import ChatTokenizer, Completion, HFChatTokenizer, SimpleChatTokenizer
 from .llm import Reply, ScriptedLLM, ScriptExhausted, ToolCall, echo
 from .server import LLMServer, serve
-from .tokenizers import ChatTokenizer, Completion, HFChatTokenizer, SimpleChatTokenizer
 
 __all__ = [
     "ChatTokenizer",

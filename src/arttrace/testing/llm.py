@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from .tokenizers import ChatTokenizer, SimpleChatTokenizer
+from .._tokenizers._chat import ChatTokenizer, SimpleChatTokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from .._errors import ConfigurationError, TrainingError
 if TYPE_CHECKING:
     import art
 
-_MODULES = ("art", "art.trajectories", "arttrace._art")
+_MODULES = ("art", "art.trajectories", "arttrace.capture._art")
 """What building a step's groups needs: ART's types and arttrace's conversion to them."""
 
 type ModelFactory = Callable[[], art.TrainableModel[Any]]

@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._asgi_server import ServerThread
-from ..testing.tokenizers import HFChatTokenizer
+from .._tokenizers._chat import HFChatTokenizer
 from ._cpu_model import Policy, Sample, Token
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -103,7 +103,7 @@ class DryRunBackend:
 
 
 def _group_report(group: art.TrajectoryGroup) -> dict[str, Any]:
-    from .._art import trainable_tokens
+    from ..capture._art import trainable_tokens
 
     rewards = [t.reward for t in group.trajectories]
     tokens = [trainable_tokens(t) for t in group.trajectories]

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._continuity import step_continuity, warn_continuity
 from .._errors import TrainingError
+from ..capture._continuity import step_continuity, warn_continuity
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
 from ._group import GroupJudging, independent_stats
@@ -132,7 +132,7 @@ async def finish[ExampleT](
     )
     assert step == trainer.completed_steps, "steps ship in order"
     await trainer.models.get()  # ART has loaded (in the background) and the model is built
-    from .._art import trainable_tokens
+    from ..capture._art import trainable_tokens
 
     schedule.start_epoch(epoch)
     stale = stale_runs(finished, step, trainer.max_steps_off_policy)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._continuity import PolicyTokenizer, check_warn_rate
 from .._errors import ConfigurationError, UsageError
+from ..capture._continuity import PolicyTokenizer, check_warn_rate
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
 from ._art_import import ModelFactory, TrainerModel, start_art_import

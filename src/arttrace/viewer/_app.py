@@ -41,11 +41,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from .._asgi_server import ServerThread
+from .._tokenizers._find import Decoder, load_given
 from ..capture._trajectory import Trajectory
 from . import _present
 from ._runs import REFRESH_SECONDS, NotReady, Runs, RunSlot
 from ._store import GroupRow, RunStore
-from ._tokens import Decoder, load_given
 
 _log = logging.getLogger("arttrace")
 _STATIC = Path(str(resources.files("arttrace.viewer") / "static"))
@@ -111,7 +111,7 @@ class Viewer:
     ) -> None:
         """``tokenizer``: what gives every folder's token ids their text (a folder a
         tokenizer was saved in, or a model name in the Hugging Face cache; loaded here, a
-        :class:`~arttrace.viewer._tokens.TokenizerError` when it cannot be); ``None``: each
+        :class:`~arttrace._tokenizers._find.TokenizerError` when it cannot be); ``None``: each
         folder's own, found in it or from its runs' model (see :mod:`._tokens`)."""
         self.host, self.port = host, port
         decoder = (

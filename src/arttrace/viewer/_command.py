@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"{error}: `arttrace view` needs the view extra: pip install 'arttrace[view]'")
     decoder = None
     if args.tokenizer is not None:  # before serving: a tokenizer that cannot load is told now
-        from ._tokens import TokenizerError, load_given, problem
+        from .._tokenizers._find import TokenizerError, load_given, problem
 
         try:
             wrong = problem(args.tokenizer)  # no such folder, not cached: told at once

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from .._errors import ConfigurationError, JournalError
+from .._tokenizers._find import Decoder, Found, TokenizerError, discover, load
 from ._store import RunStore, open_store
-from ._tokens import Decoder, Found, TokenizerError, discover, load
 
 _log = logging.getLogger("arttrace")
 

@@ -18,8 +18,8 @@ from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 from pydantic import BaseModel, TypeAdapter
 
-from .capture._conversations import Conversation, Turn
-from .capture._records import AS_OPENAI_FINISH_REASON, ChoiceRecord
+from ._conversations import Conversation, Turn
+from ._records import AS_OPENAI_FINISH_REASON, ChoiceRecord
 
 _new, _set = object.__new__, object.__setattr__
 _TOKENS = TypeAdapter(list[str])

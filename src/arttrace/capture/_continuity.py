@@ -56,12 +56,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .capture._conversations import Continuation, Conversation, Edit, Turn
+from ._conversations import Continuation, Conversation, Edit, Turn
 
 if TYPE_CHECKING:
     import art
 
-    from .capture._trajectory import Trajectory
+    from ._trajectory import Trajectory
 
 Cause = Literal["template", "retokenized", "other"]
 CAUSES: tuple[Cause, ...] = ("template", "retokenized", "other")
@@ -275,7 +275,7 @@ ART_COUNTS = frozenset({"art_sequences", "continuity_conversations"})
 def check_warn_rate(value: Any) -> float:
     """``value`` as the Trainer's ``continuity_warn_rate`` (a number from 0 to 1), or a
     ``ConfigurationError`` saying so."""
-    from ._errors import ConfigurationError
+    from .._errors import ConfigurationError
 
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise ConfigurationError(
@@ -289,7 +289,7 @@ def warn_continuity(step: int, metrics: Mapping[str, float], threshold: float = 
     """Warn (:class:`~arttrace.TokenContinuityWarning`, once: call it once per step) when the
     step's break rate is above ``threshold``, with the most common cause (all of them, on a
     tie) and its fix. Returns whether it warned."""
-    from .capture._warnings import TokenContinuityWarning, warn_every_time
+    from ._warnings import TokenContinuityWarning, warn_every_time
 
     rate = metrics.get("continuity_break_rate", 0.0)
     if not rate > threshold:
@@ -527,12 +527,12 @@ class PolicyTokenizer:
     def for_trainer(cls, given: Any, model: Callable[[], Any]) -> PolicyTokenizer:
         """``Trainer(tokenizer=given)`` for the ART model ``model()`` gives, or a
         ``ConfigurationError`` saying what is wrong with ``given``."""
-        from ._errors import ConfigurationError
+        from .._errors import ConfigurationError
 
         if isinstance(given, str | os.PathLike):
-            from .viewer import _tokens
+            from .._tokenizers import _find
 
-            folder, wrong = _tokens.locate(os.fspath(given))
+            folder, wrong = _find.locate(os.fspath(given))
             if folder is None:
                 reason = wrong.split(": ", 1)[-1].replace("the viewer never", "arttrace never")
                 raise ConfigurationError(f"Trainer(tokenizer={os.fspath(given)!r}): {reason}")
@@ -590,10 +590,10 @@ def _decoder_named(name: str, warn: bool = False) -> Decode | None:
     try:
         from pathlib import Path
 
-        from .viewer import _tokens
+        from .._tokenizers import _find
 
         path = Path(name).expanduser()
-        folder = path if path.is_dir() else _tokens.cached_folder(name)
+        folder = path if path.is_dir() else _find.cached_folder(name)
         if folder is None:
             if warn:
                 _log.warning(
@@ -602,7 +602,7 @@ def _decoder_named(name: str, warn: bool = False) -> Decode | None:
                     name,
                 )
             return None
-        return _as_decode(_tokens.load(_tokens.Found(str(folder), name, "continuity")))
+        return _as_decode(_find.load(_find.Found(str(folder), name, "continuity")))
     except Exception as error:  # no tokenizer here: the ids, then the messages, decide
         if warn:
             _log.warning(
