@@ -79,7 +79,7 @@ import art
 import openai
 
 import arttrace as at
-from arttrace.training._rollout import RolloutRunner  # the executors' input (private)
+from arttrace.executors._rollout import RolloutRunner  # the executors' input (private)
 
 step_module = importlib.import_module("arttrace.training._step")  # build_groups (private)
 

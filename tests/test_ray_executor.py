@@ -34,8 +34,8 @@ import ray_agents
 from arttrace.capture import _context
 from arttrace.executors import InProcessExecutor, RayExecutor
 from arttrace.executors._frozen import freeze, thaw
+from arttrace.executors._rollout import RolloutRunner
 from arttrace.testing import LLMServer, Reply, ScriptedLLM, ToolCall, serve
-from arttrace.training._rollout import RolloutRunner
 from ray_cluster import (  # noqa: F401  (the fixture)
     LOOPBACK,
     RayCluster,
@@ -446,7 +446,7 @@ _UNREACHABLE = """
 import sys, time
 import arttrace as at
 from arttrace.executors import RayExecutor
-from arttrace.training._rollout import RolloutRunner
+from arttrace.executors._rollout import RolloutRunner
 
 async def rollout(example):
     return 1.0
@@ -645,7 +645,7 @@ _LOCAL = """
 import asyncio, sys
 import ray
 import arttrace as at
-from arttrace.training._rollout import RolloutRunner
+from arttrace.executors._rollout import RolloutRunner
 
 async def rollout(example):
     print("said by the rollout", flush=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..capture._trajectory import MetadataValue, Trajectory
-    from ..training._rollout import RolloutRunner
+    from ._rollout import RolloutRunner
 
 
 @runtime_checkable

@@ -48,7 +48,7 @@ from ._frozen import FORMAT, freeze, thaw
 
 if TYPE_CHECKING:
     from ..capture._trajectory import MetadataValue
-    from ..training._rollout import RolloutRunner
+    from ._rollout import RolloutRunner
 
 _log = logging.getLogger("arttrace")
 _dumps: Callable[[Any], bytes] = cloudpickle.dumps  # untyped in Ray
@@ -100,7 +100,7 @@ class _RolloutActor:
         timeout: float | None = None,
     ) -> None:
         """Run this rollout from now on (a re-bound executor keeps its actors)."""
-        from ..training._rollout import RolloutRunner
+        from ._rollout import RolloutRunner
 
         if self.runner is not None:
             self.runner.close()

@@ -6,9 +6,9 @@ rollout is journaled before anything ships, so ``Trainer(..., resume=True)`` con
 interrupted run without re-running or losing a rollout.
 
 The Trainer orchestrates; each job is its own module: ``_config`` (validated settings),
-``_schedule`` (batches, epochs, curriculum), ``_rollout`` (one run and its reward), ``_step``
-(one step), ``_ship`` (``backend.train``), ``_report`` (metrics, progress bar, plot,
-``model.log``).
+``_schedule`` (batches, epochs, curriculum), ``_step`` (one step), ``_ship``
+(``backend.train``), ``_report`` (metrics, progress bar, plot, ``model.log``); one run and its
+reward is ``executors._rollout``'s.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .._errors import ConfigurationError, UsageError
 from ..capture._continuity import PolicyTokenizer, check_warn_rate
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
+from ..executors._rollout import RewardFn, Rollout, RolloutRunner
 from ._art_import import ModelFactory, TrainerModel, start_art_import
 from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
@@ -31,7 +32,6 @@ from ._journal import Journal, Slot
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
-from ._rollout import RewardFn, Rollout, RolloutRunner
 from ._schedule import Schedule
 from ._step import StepResult, run_rollouts, run_step
 
