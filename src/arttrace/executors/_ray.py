@@ -66,7 +66,7 @@ _WORKER_LOST = (
 )
 """Failures of the worker, not of the rollout: the rollout is run again elsewhere."""
 
-Settings = tuple[bool, bool] | None
+DriverCapture = tuple[bool, bool] | None
 """The driver's ``arttrace.instrument()`` settings (``request_training_data``,
 ``export_tokens``), or ``None``: capture off."""
 
@@ -135,7 +135,7 @@ class _RolloutActor:
         example_id: str,
         example: Any,
         metadata: dict[str, MetadataValue],
-        settings: Settings,
+        settings: DriverCapture,
     ) -> bytes:
         _instrument(settings)
         metadata = {**metadata, **self.where}
@@ -161,7 +161,7 @@ def _node_address() -> str:
     return str(ray.util.get_node_ip_address())
 
 
-def _instrument(settings: Settings) -> None:
+def _instrument(settings: DriverCapture) -> None:
     """Capture as the driver has it (``instrument`` is idempotent; only a change calls it)."""
     from .._instrument import instrument, uninstrument
 
