@@ -43,9 +43,9 @@ from starlette.types import Receive, Scope, Send
 from .._asgi_server import ServerThread
 from .._tokenizers._find import Decoder, load_given
 from ..capture._trajectory import Trajectory
+from ..store import GroupRow, RunStore
 from . import _present
 from ._runs import REFRESH_SECONDS, NotReady, Runs, RunSlot
-from ._store import GroupRow, RunStore
 
 _log = logging.getLogger("arttrace")
 _STATIC = Path(str(resources.files("arttrace.viewer") / "static"))

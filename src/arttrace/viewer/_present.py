@@ -21,7 +21,7 @@ from ..capture._conversations import Conversation, Turn
 from ..capture._records import LLMCall
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import fix_for
-from ._store import StepRow, ValidationRow
+from ..store import StepRow, ValidationRow
 
 MAX_TEXT = 20_000
 """Characters of one message's text (or a tool call's arguments) sent with the run."""

@@ -24,7 +24,7 @@ from typing import Literal
 
 from .._errors import ConfigurationError, JournalError
 from .._tokenizers._find import Decoder, Found, TokenizerError, discover, load
-from ._store import RunStore, open_store
+from ..store import RunStore, open_run
 
 _log = logging.getLogger("arttrace")
 
@@ -177,7 +177,7 @@ class RunSlot:
             if self._store is None:
                 if time.monotonic() < self._retry_at:
                     return
-                self._store = open_store(self.path)
+                self._store = open_run(self.path)
                 self.kind = self._store.kind
                 self._stamp = self._files_stamp()
                 self._changed("ready")
