@@ -27,7 +27,8 @@ PRELUDES = {
 }
 LAZY = {
     "CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer",
-    "Group", "GroupRewards", "GroupRun", "RayExecutor", "open_run", "Gateway",
+    "Group", "GroupRewardFn", "GroupRewards", "GroupRun", "RayExecutor", "open_run", "Gateway",
+    "RunContinuity", "run_continuity",
 }  # fmt: skip
 """The names of ``arttrace`` loaded on first use: each first use is its own entry point."""
 MODULES = (

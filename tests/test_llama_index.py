@@ -523,7 +523,7 @@ async def test_handler_alone_records_llama_index_view_and_warns_once(server):
     async def solve() -> str:
         return str(await agent.run(question, chat_history=history))
 
-    li.attach()
+    li.install()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -531,7 +531,7 @@ async def test_handler_alone_records_llama_index_view_and_warns_once(server):
                 assert await solve() == "It is 3."
                 t.reward = 1.0
     finally:
-        li.detach()
+        li.uninstall()
         _warnings.reset()
 
     first, second = t.calls
@@ -612,13 +612,13 @@ async def test_handler_alone_with_token_ids_requested_is_trainable(server):
         async for _ in await llm.astream_chat([ChatMessage(role="user", content="q")]):
             pass
 
-    li.attach()
+    li.install()
     try:
         async with at.trajectory("exact") as t:
             await ask()
             t.reward = 1.0
     finally:
-        li.detach()
+        li.uninstall()
     (call,) = t.calls
     assert call.source == "llama_index" and call.streamed
     assert_trainable(t.to_art().messages_and_choices[-1])
@@ -635,13 +635,13 @@ async def test_headers_in_additional_kwargs_are_never_recorded(server):
         default_headers=headers,
         additional_kwargs={"extra_headers": headers},
     )
-    li.attach()
+    li.install()
     try:
         async with at.trajectory("headers") as t:
             await llm.achat([ChatMessage(role="user", content="Hello")])
             t.reward = 1.0
     finally:
-        li.detach()
+        li.uninstall()
     (call,) = t.calls
     assert call.source == "llama_index" and call.params["temperature"] == 0.5
     assert not {"extra_headers", "default_headers"} & set(call.params)
@@ -658,12 +658,12 @@ async def test_a_failure_inside_the_handler_never_reaches_the_caller(server, mon
 
     monkeypatch.setattr(li, "_finish", broken)
     llm = make_llm(server(ScriptedLLM(["Hi."])))
-    li.attach()
+    li.install()
     try:
         async with at.trajectory("fault") as t:
             response = await llm.achat([ChatMessage(role="user", content="Hello")])
     finally:
-        li.detach()
+        li.uninstall()
     assert response.message.content == "Hi."
     (call,) = t.calls
     assert call.source == "llama_index" and "injected" in (call.capture_error or "")
@@ -683,13 +683,13 @@ async def test_handler_with_wrapped_clients_is_trainable_without_instrument(serv
     async def ask() -> None:
         await llm.achat([ChatMessage(role="user", content="q")])
 
-    li.attach()
+    li.install()
     try:
         async with at.trajectory("wrapped") as t:
             await ask()
             t.reward = 1.0
     finally:
-        li.detach()
+        li.uninstall()
     (call,) = t.calls
     assert (call.source, call.framework) == ("openai", "llama_index")
     assert_trainable(t.to_art().messages_and_choices[-1])
@@ -697,7 +697,7 @@ async def test_handler_with_wrapped_clients_is_trainable_without_instrument(serv
 
 def test_install_and_uninstall_are_idempotent_and_uninstall_stops_recording(server):
     llm = make_llm(server(ScriptedLLM(["one", "two"])))
-    li.attach()
+    li.install()
     at.instrument()
     at.instrument()
     try:
@@ -706,7 +706,7 @@ def test_install_and_uninstall_are_idempotent_and_uninstall_stops_recording(serv
         at.uninstrument()
         at.uninstrument()
     assert our_handlers() == ([], [])
-    li.detach()
+    li.uninstall()
 
     @at.trainable
     def ask() -> None:
@@ -719,3 +719,15 @@ def test_install_and_uninstall_are_idempotent_and_uninstall_stops_recording(serv
     ):
         ask()
     assert t.calls == []
+
+
+def test_attach_and_detach_still_work_and_say_they_are_deprecated():
+    with pytest.warns(DeprecationWarning, match=r"attach .* use .*\.install"):
+        handler = li.attach()
+    try:
+        assert handler is li.install()
+        assert [len(hs) for hs in our_handlers()] == [1, 1]
+    finally:
+        with pytest.warns(DeprecationWarning, match=r"detach .* use .*\.uninstall"):
+            li.detach()
+    assert our_handlers() == ([], [])

@@ -32,8 +32,6 @@ from arttrace.capture import _warnings
 from arttrace.capture._art import trainable_tokens
 from arttrace.gateway import Gateway
 from arttrace.store import (
-    ORDERS,
-    SCHEMA_VERSION,
     RunStore,
     StepRow,
     ValidationRow,
@@ -346,7 +344,7 @@ def test_text_search_without_fts5_finds_the_same(
     index made with the other kind of text search is rebuilt."""
     run = copied(trained, tmp_path)
     with open_run(run) as store:
-        assert store.text_search == ("fts5" if run_store.fts5_available() else "like")
+        assert store.text_search == ("fts5" if _index.fts5_available() else "like")
         words = ["furlongs", "32 exactly", "Quillby", "unit", "answer"]
         expected = {w: store.count(text=w) for w in words}
     monkeypatch.setattr(_index, "text_mode", lambda: "like")
@@ -594,7 +592,7 @@ def test_an_index_of_another_version_or_damaged_is_rebuilt(trained: Path, tmp_pa
     assert index.stat().st_mode & 0o777 == 0o600  # it holds the runs' text
     db = sqlite3.connect(index)
     db.execute("DELETE FROM runs WHERE step = 1")
-    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {_index.SCHEMA_VERSION + 1}")
     db.commit()
     db.close()
     with open_run(run) as store:
@@ -602,7 +600,7 @@ def test_an_index_of_another_version_or_damaged_is_rebuilt(trained: Path, tmp_pa
             store.count() == 56 and store.count(step=1) == 28 and store.count(text="furlongs") == 8
         )
     db = sqlite3.connect(index)
-    assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    assert db.execute("PRAGMA user_version").fetchone() == (_index.SCHEMA_VERSION,)
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.close()
     index.write_bytes(b"this is not a database" * 100)
@@ -696,7 +694,7 @@ def runs_command(*argv: str) -> int:
 
 
 def test_arttrace_runs(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert tuple(ORDERS) == _command.ORDERS
+    assert tuple(run_store._store.ORDERS) == _command.ORDERS
     assert runs_command(str(trained)) == 0
     header, line = capsys.readouterr().out.splitlines()
     assert header.split()[:4] == ["run", "kind", "steps", "runs"]

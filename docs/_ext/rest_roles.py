@@ -1,5 +1,5 @@
 """A griffe extension for the API reference: arttrace's docstrings use reST roles
-(``:class:`arttrace.Settings```) and literal-block markers (a line ending in ``::``), which
+(``:class:`arttrace.Trajectory```) and literal-block markers (a line ending in ``::``), which
 Markdown would show verbatim. Each role becomes inline code and each ``::`` a colon (the
 indented block after it is already a Markdown code block), so the rendered reference reads
 like the rest of the site."""

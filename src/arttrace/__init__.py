@@ -12,7 +12,7 @@ with at.trajectory("q-17") as t:         # one run of one example
 t.to_art()                               # an art.Trajectory, trainable turns as Choices
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAliasType
 
 from ._errors import (
     ArttraceError,
@@ -25,7 +25,7 @@ from ._errors import (
     UsageError,
 )
 from ._instrument import instrument, is_instrumented, uninstrument, wrap_openai
-from .capture._calls import Settings
+from ._lazy import lazy
 from .capture._records import ChoiceRecord, LLMCall
 from .capture._threads import carry
 from .capture._trainable import trainable
@@ -39,48 +39,43 @@ from .capture._warnings import (
 from .executors import Executor, InProcessExecutor
 
 if TYPE_CHECKING:
+    from .capture._continuity import RunContinuity, run_continuity
     from .executors import RayExecutor
     from .gateway import Gateway
     from .store import open_run
-    from .training import CPUBackend, Curriculum, DryRunBackend, StepResult, Trainer
-    from .training._group import Group, GroupRewards, GroupRun
-
-_TRAINING = frozenset({"CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer"})
-
-
-def __getattr__(name: str) -> Any:
-    """The training names load ART, and ``Gateway`` starlette and uvicorn, so they are
-    imported on first use."""
-    if name in _TRAINING:
-        from . import training
-
-        return _public(getattr(training, name))
-    if name in ("Group", "GroupRewards", "GroupRun"):
-        from .training import _group
-
-        return _public(getattr(_group, name))
-    if name == "RayExecutor":
-        from .executors import RayExecutor
-
-        return _public(RayExecutor)
-    if name == "open_run":
-        from .store import open_run
-
-        return _public(open_run)
-    if name == "Gateway":
-        from .gateway import Gateway
-
-        return _public(Gateway)
-    raise AttributeError(f"module 'arttrace' has no attribute {name!r}")
+    from .training import (
+        CPUBackend,
+        Curriculum,
+        DryRunBackend,
+        Group,
+        GroupRewardFn,
+        GroupRewards,
+        GroupRun,
+        StepResult,
+        Trainer,
+    )
 
 
 def _public(obj: Any) -> Any:
     """Show ``obj`` where users find it (``arttrace.Trainer``, not the private module), in
-    reprs and tracebacks, as httpx and openai do."""
-    if getattr(obj, "__module__", "").startswith("arttrace."):
+    reprs and tracebacks, as httpx and openai do (a type alias keeps its own)."""
+    module = getattr(obj, "__module__", "")
+    if module.startswith("arttrace.") and not isinstance(obj, TypeAliasType):
         obj.__module__ = "arttrace"
     return obj
 
+
+# The training names load ART, ``Gateway`` starlette and uvicorn, ``RayExecutor`` Ray: each
+# name is imported on first use.
+_training = ("CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer")
+_groups = ("Group", "GroupRewardFn", "GroupRewards", "GroupRun")
+__getattr__, __dir__ = lazy(
+    __name__,
+    {name: ".training" for name in _training + _groups}
+    | {"RunContinuity": ".capture._continuity", "run_continuity": ".capture._continuity"}
+    | {"RayExecutor": ".executors", "open_run": ".store", "Gateway": ".gateway"},
+    shown=_public,
+)
 
 __version__ = "0.1.0"
 
@@ -94,6 +89,7 @@ __all__ = [
     "Executor",
     "Gateway",
     "Group",
+    "GroupRewardFn",
     "GroupRewards",
     "GroupRun",
     "InProcessExecutor",
@@ -103,9 +99,9 @@ __all__ = [
     "RayExecutor",
     "ResumeError",
     "RolloutTimeoutError",
+    "RunContinuity",
     "RunLockedError",
     "RunOutlivedWarning",
-    "Settings",
     "StepResult",
     "TokenContinuityWarning",
     "Trainer",
@@ -118,6 +114,7 @@ __all__ = [
     "instrument",
     "is_instrumented",
     "open_run",
+    "run_continuity",
     "trainable",
     "trajectory",
     "uninstrument",

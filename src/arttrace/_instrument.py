@@ -47,8 +47,12 @@ def instrument(
     caller's protocol (``docs/translation.md``); a run can choose its own with
     ``trajectory(..., translate=...)``.
 
-    Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it. See
-    :class:`arttrace.Settings` for the two other options.
+    ``request_training_data``: on ``@trainable`` calls, ask for ``logprobs=True`` and vLLM's
+    ``return_token_ids`` when the caller did not set them (sampling parameters are never
+    touched). ``export_tokens``: also put token ids and logprobs on exported span attributes
+    (large).
+
+    Idempotent: calling it again changes the settings; :func:`uninstrument` undoes it.
     """
     from .translation import _inprocess
 
@@ -93,6 +97,7 @@ def wrap_openai(
     """Capture the Chat Completions calls of this one client, without a global patch.
 
     Returns the same client. Copies made later with ``client.with_options()`` are not wrapped.
+    The options are :func:`instrument`'s.
     """
     from .capture import _openai
 

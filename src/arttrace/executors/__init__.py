@@ -3,8 +3,9 @@
 ``RayExecutor`` loads Ray, so it is imported on first use.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy
 from ._executor import Executor, InProcessExecutor
 
 if TYPE_CHECKING:
@@ -12,10 +13,4 @@ if TYPE_CHECKING:
 
 __all__ = ["Executor", "InProcessExecutor", "RayExecutor"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "RayExecutor":
-        from ._ray import RayExecutor
-
-        return RayExecutor
-    raise AttributeError(f"module 'arttrace.executors' has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, {"RayExecutor": "._ray"})

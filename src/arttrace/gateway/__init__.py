@@ -10,25 +10,13 @@ the ``gateway`` extra (starlette and uvicorn serve; aiohttp calls the upstream):
 anything heavy is imported.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy
 
 if TYPE_CHECKING:
     from ._gateway import Gateway
 
 __all__ = ["Gateway"]
 
-
-def __getattr__(name: str) -> Any:
-    if name != "Gateway":
-        raise AttributeError(f"module 'arttrace.gateway' has no attribute {name!r}")
-    try:
-        import aiohttp  # noqa: F401
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as error:  # pragma: no cover - depends on the installed extras
-        raise ImportError(
-            "arttrace.Gateway needs starlette, uvicorn and aiohttp: pip install 'arttrace[gateway]'"
-        ) from error
-    from ._gateway import Gateway
-
-    return Gateway
+__getattr__, __dir__ = lazy(__name__, {"Gateway": "._gateway"})

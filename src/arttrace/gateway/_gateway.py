@@ -3,6 +3,15 @@ per run, so agents in other processes and languages are captured as in-process o
 
 from __future__ import annotations
 
+try:
+    import aiohttp  # noqa: F401
+    import starlette  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "arttrace.Gateway needs starlette, uvicorn and aiohttp: pip install 'arttrace[gateway]'"
+    ) from error
+
 import asyncio
 import enum
 from collections.abc import Callable, Iterable
@@ -94,7 +103,7 @@ class Gateway:
         allow_origins: Iterable[str] = (),
         translate: str | Iterable[str] | None = None,
     ) -> None:
-        from ..translation import apis
+        from ..translation._registry import apis
 
         for name, problem in (
             ("upstream", upstream_problem(upstream)),
@@ -234,6 +243,6 @@ class Gateway:
 
 
 def _apis(value: str | Iterable[str]) -> frozenset[str]:
-    from ..translation import apis
+    from ..translation._registry import apis
 
     return apis(value)

@@ -416,7 +416,7 @@ def _options(body: dict[str, Any], defaults: RunOptions) -> RunOptions:
         defaults.translate,
     )
     if "translate" in body:
-        from ..translation import apis
+        from ..translation._registry import apis
 
         value = body["translate"]
         if not isinstance(value, str | list) or not all(isinstance(v, str) for v in value):

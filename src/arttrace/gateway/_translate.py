@@ -26,14 +26,8 @@ from yarl import URL
 from ..capture._redact import redact
 from ..capture._sse import EventReader
 from ..capture._wire import Recorder
-from ..translation import (
-    Chains,
-    Translation,
-    TranslationError,
-    open_translation,
-    refusal,
-    upstream_message,
-)
+from ..translation import Chains, Translation, TranslationError
+from ..translation._registry import open_translation, refusal, upstream_message
 from ._relay import _MAY_END, _UPSTREAM_FAILED, Relay, Upstream, _send_whole, _State
 
 _log = logging.getLogger("arttrace.gateway")

@@ -14,6 +14,8 @@ from ..capture import _context
 from ..capture._guard import guarded
 from ..capture._unwrap import mark, unwrap
 
+__all__ = ["install", "uninstall"]
+
 FRAMEWORK = "dspy"
 
 

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from google.adk.tools.tool_context import ToolContext
 
 __all__ = [
-    "FRAMEWORK",
     "ArttracePlugin",
     "install",
     "request_messages",

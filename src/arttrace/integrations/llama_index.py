@@ -1,7 +1,7 @@
 """LlamaIndex: its LLM calls, agent runs and tool calls, through LlamaIndex's instrumentation.
 
 ``arttrace.instrument()`` calls :func:`install` as soon as ``llama_index.core`` is imported;
-without it, :func:`attach` hooks LlamaIndex explicitly. Both add an
+without it, call :func:`install` yourself. It adds an
 :class:`ArttraceEventHandler` (LLM chat events) and its :class:`ArttraceSpanHandler`
 (LlamaIndex's spans: which agent made a call, tool calls, failures) to LlamaIndex's root
 dispatcher.
@@ -52,22 +52,14 @@ from llama_index_instrumentation import get_dispatcher
 from opentelemetry.trace import Span
 from pydantic import PrivateAttr
 
+from .._lazy import lazy
 from ..capture._guard import guarded
 from ..capture._records import field_of
 from ._core import Fix, FrameworkCall, choice_record, end_span, guard, step_span
 from ._inflight import InFlight
 from ._openai_form import token_logprob, tool_call, tool_specs, usage_of
 
-__all__ = [
-    "FIX",
-    "ArttraceEventHandler",
-    "ArttraceSpanHandler",
-    "attach",
-    "detach",
-    "install",
-    "openai_message",
-    "uninstall",
-]
+__all__ = ["ArttraceEventHandler", "ArttraceSpanHandler", "install", "openai_message", "uninstall"]
 
 FRAMEWORK = "llama_index"
 _FIX = Fix(
@@ -79,9 +71,6 @@ _FIX = Fix(
         "async_openai_client=arttrace.wrap_openai(openai.AsyncOpenAI(...))))"
     ),
 )
-FIX = _FIX.without_instrument
-"""What the :class:`arttrace.UntrainableTurnWarning` of a LlamaIndex-only record says to do
-without ``arttrace.instrument()`` (with it: that the LLM class does not call the OpenAI SDK)."""
 _WHY = "this LLM class does not call the OpenAI SDK"
 _guard = guard("LlamaIndex")
 _ROLES = {"chatbot": "assistant", "model": "assistant"}
@@ -343,7 +332,7 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
 class ArttraceEventHandler(BaseEventHandler):
     """Records each LlamaIndex chat call in the current trajectory (see the module docstring).
 
-    Use :func:`attach` (or ``arttrace.instrument()``). To manage dispatchers yourself, add
+    Use :func:`install` (or ``arttrace.instrument()``). To manage dispatchers yourself, add
     this handler and its :attr:`span_handler` to the same dispatcher::
 
         handler = ArttraceEventHandler()
@@ -435,20 +424,21 @@ def _finish(pending: _Pending, response: ChatResponse | None) -> None:
     )
 
 
-# -- attaching --------------------------------------------------------------------------------
+# -- installing ------------------------------------------------------------------------------
 
-_attach_lock = threading.Lock()
+_install_lock = threading.Lock()
 
 
-def attach() -> ArttraceEventHandler:
+def install() -> ArttraceEventHandler:
     """Record LlamaIndex's LLM calls, agent runs and tool calls from now on, by adding an
     :class:`ArttraceEventHandler` and its span handler to LlamaIndex's root dispatcher.
 
-    Idempotent: returns the handler already attached, if any. ``arttrace.instrument()`` does
-    this for you; alone, it records LlamaIndex's view of each call, which lacks the exact tokens
-    (see :data:`FIX`). :func:`detach` undoes it.
+    Idempotent: returns the handler already installed, if any. ``arttrace.instrument()`` calls
+    it as soon as ``llama_index.core`` is imported; alone, it records LlamaIndex's view of each
+    call, which lacks the exact tokens unless the LLM's OpenAI clients are wrapped with
+    ``arttrace.wrap_openai``. :func:`uninstall` undoes it.
     """
-    with _attach_lock:
+    with _install_lock:
         root = get_dispatcher()
         handler = next(
             (h for h in root.event_handlers if isinstance(h, ArttraceEventHandler)), None
@@ -461,10 +451,11 @@ def attach() -> ArttraceEventHandler:
         return handler
 
 
-def detach() -> None:
+def uninstall() -> None:
     """Stop recording LlamaIndex (idempotent): remove arttrace's handlers from the root
-    dispatcher, abandon the calls still open and end their spans."""
-    with _attach_lock:
+    dispatcher, abandon the calls still open and end their spans. ``arttrace.uninstrument()``
+    calls it."""
+    with _install_lock:
         root = get_dispatcher()
         ours = [h for h in root.event_handlers if isinstance(h, ArttraceEventHandler)]
         root.event_handlers = [
@@ -477,14 +468,8 @@ def detach() -> None:
         handler.close()
 
 
-def install() -> None:
-    """Called by ``arttrace.instrument()`` once ``llama_index.core`` is imported."""
-    attach()
-
-
-def uninstall() -> None:
-    """Called by ``arttrace.uninstrument()``."""
-    detach()
+# The names install and uninstall had before (deprecated, for one release).
+__getattr__, __dir__ = lazy(__name__, {}, deprecated={"attach": "install", "detach": "uninstall"})
 
 
 # -- LlamaIndex objects in OpenAI form --------------------------------------------------------

@@ -8,31 +8,15 @@ is SQLite's FTS5 (``LIKE`` where the build lacks it). Nothing here loads ART, an
 loads on first use (``arttrace runs`` registers its parser without loading the store).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy
 
 if TYPE_CHECKING:
-    from ._index import SCHEMA_VERSION, fts5_available
     from ._rows import GroupRow, Kind, RunSummary, StepRow, TrajectoryRow, ValidationRow
-    from ._store import ORDERS, RunStore, open_run
-
-_HOMES = {
-    "SCHEMA_VERSION": "._index",
-    "fts5_available": "._index",
-    "GroupRow": "._rows",
-    "Kind": "._rows",
-    "RunSummary": "._rows",
-    "StepRow": "._rows",
-    "TrajectoryRow": "._rows",
-    "ValidationRow": "._rows",
-    "ORDERS": "._store",
-    "RunStore": "._store",
-    "open_run": "._store",
-}
+    from ._store import RunStore, open_run
 
 __all__ = [
-    "ORDERS",
-    "SCHEMA_VERSION",
     "GroupRow",
     "Kind",
     "RunStore",
@@ -40,13 +24,11 @@ __all__ = [
     "StepRow",
     "TrajectoryRow",
     "ValidationRow",
-    "fts5_available",
     "open_run",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'arttrace.store' has no attribute {name!r}")
-    return getattr(importlib.import_module(home, __name__), name)
+__getattr__, __dir__ = lazy(
+    __name__,
+    {name: "._rows" for name in __all__ if name not in ("RunStore", "open_run")}
+    | {"RunStore": "._store", "open_run": "._store"},
+)

@@ -6,30 +6,34 @@ is built and waits for it only when a step's groups are built, so rollouts start
 neither.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import TrainingError
+from .._lazy import lazy
 
 if TYPE_CHECKING:
     from ._cpu_backend import CPUBackend
     from ._curriculum import Curriculum
     from ._dry_run import DryRunBackend
+    from ._group import Group, GroupRewardFn, GroupRewards, GroupRun
     from ._trainer import StepResult, Trainer
 
-_HOMES = {
-    "CPUBackend": "._cpu_backend",
-    "Curriculum": "._curriculum",
-    "DryRunBackend": "._dry_run",
-    "StepResult": "._trainer",
-    "Trainer": "._trainer",
-}
+__all__ = [
+    "CPUBackend",
+    "Curriculum",
+    "DryRunBackend",
+    "Group",
+    "GroupRewardFn",
+    "GroupRewards",
+    "GroupRun",
+    "StepResult",
+    "Trainer",
+    "TrainingError",
+]
 
-__all__ = ["CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer", "TrainingError"]
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'arttrace.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(home, __name__), name)
+__getattr__, __dir__ = lazy(
+    __name__,
+    {"CPUBackend": "._cpu_backend", "Curriculum": "._curriculum", "DryRunBackend": "._dry_run"}
+    | {name: "._group" for name in ("Group", "GroupRewardFn", "GroupRewards", "GroupRun")}
+    | {"StepResult": "._trainer", "Trainer": "._trainer"},
+)

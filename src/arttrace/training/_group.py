@@ -45,7 +45,7 @@ from ._journal import Slot, append_line, read_lines
 if TYPE_CHECKING:
     from ._journal import Journal
 
-__all__ = ["Group", "GroupReward", "GroupRewards", "GroupRun", "own_reward"]
+__all__ = ["Group", "GroupRewardFn", "GroupRewards", "GroupRun", "own_reward"]
 
 _log = logging.getLogger("arttrace")
 
@@ -103,7 +103,7 @@ class GroupRewards:
     """One per run, kept in the journal (``group_rewards.jsonl``) for reading."""
 
 
-type GroupReward[ExampleT] = Callable[
+type GroupRewardFn[ExampleT] = Callable[
     [Group[ExampleT]],
     Sequence[float] | GroupRewards | Awaitable[Sequence[float] | GroupRewards],
 ]
@@ -152,7 +152,7 @@ def uncaptured[R](function: Callable[[], R]) -> R:
     return function()
 
 
-async def call_group_reward(fn: GroupReward[Any], group: Group[Any]) -> Any:
+async def call_group_reward(fn: GroupRewardFn[Any], group: Group[Any]) -> Any:
     """``fn(group)`` in its own context with capture off: an async function in this task
     (a copy of the caller's context), a sync one in a worker thread (the event loop keeps the
     rollouts going)."""
@@ -166,7 +166,7 @@ async def call_group_reward(fn: GroupReward[Any], group: Group[Any]) -> Any:
     return result
 
 
-async def _async_uncaptured(fn: GroupReward[Any], group: Group[Any]) -> Any:
+async def _async_uncaptured(fn: GroupRewardFn[Any], group: Group[Any]) -> Any:
     result: Any = uncaptured(lambda: fn(group))
     return await result
 
@@ -251,7 +251,7 @@ class GroupJudging[ExampleT]:
 
     def __init__(
         self,
-        fn: GroupReward[ExampleT],
+        fn: GroupRewardFn[ExampleT],
         journal: Journal,
         step: int,
         group_size: int,

@@ -27,7 +27,7 @@ from ..executors._rollout import RewardFn, Rollout, RolloutRunner
 from ._art_import import ModelFactory, TrainerModel, start_art_import
 from ._config import TrainerConfig, check_train_kwargs, read_dataset
 from ._curriculum import Curriculum
-from ._group import GroupReward, check_group_reward, own_reward
+from ._group import GroupRewardFn, check_group_reward, own_reward
 from ._journal import Journal, Slot
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
@@ -174,7 +174,7 @@ class Trainer[ExampleT]:
         *,
         val_dataset: Iterable[ExampleT] | None = None,
         reward_fn: RewardFn[ExampleT] | None = None,
-        group_reward: GroupReward[ExampleT] | None = None,
+        group_reward: GroupRewardFn[ExampleT] | None = None,
         example_id: Callable[[ExampleT], str] | None = None,
         group_size: int = 8,
         groups_per_step: int = 8,

@@ -3,23 +3,17 @@ gateway's ``--out``, saved trajectories), read through the run store (``arttrace
 
 The pages are static files shipped in this package (``static/``: JavaScript modules, CSS and
 the charting library uPlot, no build step and no network); they ask the JSON API in
-:mod:`arttrace.viewer._app`.
+:mod:`arttrace.viewer._app`. ``Viewer`` loads starlette and uvicorn (the view extra) on first
+use.
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-from typing import TYPE_CHECKING, Any
+from .._lazy import lazy
 
 if TYPE_CHECKING:
     from ._app import Viewer
 
 __all__ = ["Viewer"]
 
-
-def __getattr__(name: str) -> Any:
-    """``Viewer`` loads starlette and uvicorn (the view extra) on first use."""
-    if name == "Viewer":
-        from ._app import Viewer
-
-        return Viewer
-    raise AttributeError(f"module 'arttrace.viewer' has no attribute {name!r}")
+__getattr__, __dir__ = lazy(__name__, {"Viewer": "._app"})

@@ -53,7 +53,7 @@ MAX_PAGE = 200
 """Runs per page of a search."""
 _ALLOW = {"allow": "GET, HEAD"}
 _ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
-"""The store's orders (``arttrace.store.ORDERS``; ``-``: descending)."""
+"""The store's orders (``arttrace.store._store.ORDERS``; ``-``: descending)."""
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
