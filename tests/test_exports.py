@@ -44,11 +44,11 @@ from starlette.routing import Route
 import arttrace as at
 from arttrace._asgi_server import ServerThread
 from arttrace.app._args import HelpFormatter
+from arttrace.app.export_command import add_export_command
 from arttrace.capture import _warnings
 from arttrace.exports import ExportError, export_otlp, export_parquet, export_sft
-from arttrace.exports._command import add_export_command
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 from conftest import TOOLS
 
 SECRET = "sk-live-0123456789abcdefXYZ"

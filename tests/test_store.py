@@ -28,6 +28,7 @@ import pytest
 import arttrace as at
 from arttrace import store as run_store
 from arttrace._errors import ConfigurationError, JournalError
+from arttrace.app import runs_command as runs
 from arttrace.capture import _warnings
 from arttrace.capture._art import trainable_tokens
 from arttrace.gateway import Gateway
@@ -35,12 +36,11 @@ from arttrace.store import (
     RunStore,
     StepRow,
     ValidationRow,
-    _command,
     _index,
     open_run,
 )
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 
 SYSTEM = "You are a calculator named Quillby. Use the add tool."
 TOOLS = [
@@ -688,13 +688,13 @@ def test_processes_share_an_index_and_a_killed_one_leaves_it_usable(
 def runs_command(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="arttrace")
     commands = parser.add_subparsers(dest="command")
-    _command.add_runs_command(commands)
+    runs.add_runs_command(commands)
     args = parser.parse_args(["runs", *argv])
     return int(args.run(args, commands.choices["runs"]))
 
 
 def test_arttrace_runs(trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert tuple(run_store._store.ORDERS) == _command.ORDERS
+    assert tuple(run_store._store.ORDERS) == runs.ORDERS
     assert runs_command(str(trained)) == 0
     header, line = capsys.readouterr().out.splitlines()
     assert header.split()[:4] == ["run", "kind", "steps", "runs"]

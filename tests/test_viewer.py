@@ -842,7 +842,7 @@ def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_displ
         "-c",
         "import argparse, sys\n"
         "from arttrace.app._args import HelpFormatter\n"
-        "from arttrace.viewer._command import add_view_command\n"
+        "from arttrace.app.view_command import add_view_command\n"
         "parser = argparse.ArgumentParser(prog='arttrace')\n"
         "commands = parser.add_subparsers(dest='command')\n"
         "add_view_command(commands, HelpFormatter)\n"
@@ -908,7 +908,7 @@ def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_displ
 def test_the_view_command_loads_its_tokenizer_before_serving(runs, qwen_folder, capsys):
     """``arttrace view --tokenizer FOLDER`` (here, in this process: transformers is loaded
     already): the folders' tokens are decoded by it from the first page on."""
-    from arttrace.viewer._command import add_view_command
+    from arttrace.app.view_command import add_view_command
 
     parser = argparse.ArgumentParser(prog="arttrace")
     commands = parser.add_subparsers(dest="command")

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from .. import __version__
 from .._errors import ConfigurationError
-from ..exports._command import add_export_command
-from ..store._command import add_runs_command
-from ..viewer._command import add_view_command
 from . import gateway_command, serve_test_model
 from ._args import HelpFormatter
 from ._demo_checks import CPU_EXTRA, check_options, check_out, check_server, missing_cpu_module
+from .export_command import add_export_command
+from .runs_command import add_runs_command
+from .view_command import add_view_command
 
 _DESCRIPTION = (
     "arttrace captures what an existing LLM agent does and trains its model with "

@@ -3,7 +3,8 @@ saved trajectories): SFT data (:func:`export_sft`), a Parquet table (:func:`expo
 and OTel GenAI spans sent to an OTLP endpoint (:func:`export_otlp`). Each reads the runs one at
 a time, and writes text shaped like a key redacted, as the journal's error texts are.
 
-The command: ``arttrace export RUN_DIR ... --format sft|parquet|otlp`` (``_command``)."""
+The command, ``arttrace export RUN_DIR ... --format sft|parquet|otlp``, is
+:mod:`arttrace.app.export_command`."""
 
 from ._otlp import export_otlp
 from ._parquet import export_parquet

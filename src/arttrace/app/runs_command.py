@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..app._args import HelpFormatter
+from ._args import HelpFormatter
 
 if TYPE_CHECKING:
-    from . import RunStore
+    from ..store import RunStore
 
 ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
 """``arttrace.store.ORDERS``' names, here so that building the parser imports nothing."""
@@ -147,7 +147,7 @@ def run_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if filtered and args.show is None and not (listing or args.count or args.groups):
         parser.error("filters apply to --trajectories, --count and (--step) --groups")
     from .._errors import ConfigurationError, JournalError
-    from . import open_run
+    from ..store import open_run
 
     out = _Output(args.json)
     for path in args.run_dirs:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArttraceError, ConfigurationError
-from ..app._args import HelpFormatter, checked
+from ._args import HelpFormatter, checked
 
 _DESCRIPTION = (
     "Export recorded runs (a Trainer's output_dir, an `arttrace gateway --out` folder, a "
@@ -105,8 +105,8 @@ def add_export_command(
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Check the arguments, then export; the summary line on stdout."""
-    from ._source import check_paths
-    from ._summary import check_out
+    from ..exports._source import check_paths
+    from ..exports._summary import check_out
 
     fmt: str = args.format
     if fmt == "otlp":
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         check_paths(args.run_dirs)
         if fmt == "otlp":
-            from ._otlp import endpoint_url
+            from ..exports._otlp import endpoint_url
 
             endpoint_url(args.endpoint)
     except ConfigurationError as error:
@@ -137,13 +137,13 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         selection["split"] = args.split
     try:
         if fmt == "otlp":
-            from ._otlp import export_otlp
+            from ..exports._otlp import export_otlp
 
             summary = export_otlp(args.run_dirs, args.endpoint, headers or None, **selection)
         else:
             assert out is not None  # checked above
-            from ._parquet import export_parquet
-            from ._sft import export_sft
+            from ..exports._parquet import export_parquet
+            from ..exports._sft import export_sft
 
             export = export_sft if fmt == "sft" else export_parquet
             summary = export(args.run_dirs, out, **selection)

@@ -14,7 +14,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from ..app._args import HelpFormatter, listen_fix, port
+from ._args import HelpFormatter, listen_fix, port
 
 DEFAULT_PORT = 8788
 _DESCRIPTION = (
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     what is wrong with it, in the page; a viewer that cannot start says why, with the fix."""
     paths: list[Path] = list(args.run_dirs) or _default_folders(parser)
     try:
-        from ._app import Viewer
+        from ..viewer._app import Viewer
     except ModuleNotFoundError as error:
         parser.error(f"{error}: `arttrace view` needs the view extra: pip install 'arttrace[view]'")
     decoder = None
