@@ -43,6 +43,7 @@ import openai
 import arttrace as at
 from arttrace.rewards import ruler
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
+from arttrace.training._journal import Journal
 
 if TYPE_CHECKING:  # ART loads when used: the servers' processes import this module too
     import art
@@ -235,7 +236,7 @@ async def judged_group_cpu(
     """This process's CPU microseconds per judged group for whole judge calls (render, the
     OpenAI client's request and response, parse and check), ``GROUPS`` calls at once as a
     step makes them, and the median wall seconds of each batch of ``GROUPS``."""
-    runs = trainer.journal.finished(0)
+    runs = Journal(trainer.output_dir).finished(0)
     group = at.Group(
         "q-0", None, 0, tuple(at.GroupRun(k, runs[(0, k)], 0.0) for k in range(GROUP_SIZE))
     )
@@ -254,7 +255,7 @@ def judge_cpu(trainer: at.Trainer[Any], judge: Any, n: int = 100) -> tuple[float
     a judge's answer to it (the rest of a judge's cost is its server's)."""
     from arttrace.rewards._ruler import parse_scores
 
-    runs = trainer.journal.finished(0)
+    runs = Journal(trainer.output_dir).finished(0)
     group = at.Group(
         "q-0",
         None,

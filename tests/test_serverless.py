@@ -108,7 +108,7 @@ async def test_trainer_ships_exactly_the_captured_groups_to_serverless_backend(
         group_size=4,
         groups_per_step=3,
         learning_rate=2e-5,
-        kl_penalty_coef=0.05,
+        train_kwargs={"kl_penalty_coef": 0.05},
         output_dir=tmp_path / "out",
         progress=False,
         log_to_model=False,

@@ -122,7 +122,7 @@ async def test_one_group_per_example_with_trainable_turns(tmp_path):
         backend,
         train_dataset=dataset(6),
         learning_rate=3e-5,
-        kl_penalty_coef=0.1,
+        train_kwargs={"kl_penalty_coef": 0.1},
     )
     result = await trainer.step()
     ((groups, kwargs),) = backend.calls

@@ -24,6 +24,7 @@ import openai
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 
+from ..training._journal import Journal
 from ._demo_checks import MARKER, check_options, check_out
 
 if TYPE_CHECKING:
@@ -195,7 +196,8 @@ async def run_dry_run_demo(
         results = await trainer.train(num_steps=steps)
         await client.close()
 
-    runs = [t for r in results for t in trainer.journal.finished(r.step).values()]
+    journal = Journal(out)
+    runs = [t for r in results for t in journal.finished(r.step).values()]
     rewards = [t.reward or 0.0 for t in runs]
     return {
         "backend": "dry-run (DryRunBackend; a scripted model, which does not learn)",

@@ -58,7 +58,7 @@ class Pipeline:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start_ready(self) -> None:
-        ahead = self.trainer.completed_steps + self.trainer.max_steps_off_policy
+        ahead = self.trainer.completed_steps + self.trainer.config.max_steps_off_policy
         for step in range(self.trainer.completed_steps, min(ahead + 1, self.last)):
             if step not in self._collecting:
                 if self._idle_since is not None:

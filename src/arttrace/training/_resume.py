@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def run_settings(trainer: Trainer[Any]) -> dict[str, Any]:
     """What decides which runs a step groups under which example (saved with the run)."""
-    schedule, config = trainer.schedule, trainer.config
+    schedule, config = trainer._schedule, trainer.config
     ids = "\n".join(
         schedule.example_id(example, i, "train") for i, example in enumerate(schedule.dataset)
     )
@@ -73,7 +73,7 @@ def working(trainer: Trainer[Any]) -> Iterator[None]:
     """Hold the run folder's lock while a step, validation or ``train()`` runs; the run's
     state is saved (with its settings) when it starts, and re-read each time the lock is
     taken: another Trainer may have advanced the run in between."""
-    journal = trainer.journal
+    journal = trainer._journal
     with journal.lock:
         state = journal.load_state()
         done = state.get("completed_steps", 0)

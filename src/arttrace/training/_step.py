@@ -67,7 +67,7 @@ async def run_step[ExampleT](trainer: Trainer[ExampleT]) -> StepResult:
 async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
     """Run the rollouts of ``step`` that the journal does not hold yet, journaling each as it
     finishes, and read back the ones it does."""
-    config, schedule, journal = trainer.config, trainer.schedule, trainer.journal
+    config, schedule, journal = trainer.config, trainer._schedule, trainer._journal
     epoch, indices = schedule.batch(step)
     started = time.perf_counter()
     finished = journal.finished(step)
@@ -79,9 +79,9 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
     check_journaled(journal, step, finished, {slot: v[0] for slot, v in slots.items()})
     judging = (
         None
-        if trainer.group_reward is None
+        if trainer._group_reward is None
         else GroupJudging(
-            trainer.group_reward,
+            trainer._group_reward,
             journal,
             step,
             config.group_size,
@@ -97,10 +97,10 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
     try:
         await run_rollouts(
             {s: v for s, v in slots.items() if s not in finished},
-            lambda slot, example_id, example: trainer.run_one(
+            lambda slot, example_id, example: trainer._run_one(
                 example_id, example, "train", step, slot[1]
             ),
-            bar=trainer.reporter.bar(
+            bar=trainer._reporter.bar(
                 "train", step, len(slots) - len(finished), [t.reward for t in finished.values()]
             ),
             done=finished,
@@ -123,7 +123,7 @@ async def finish[ExampleT](
 ) -> StepResult:
     """Group the step's runs, drop what teaches nothing, ship the rest, record the step.
     ``waits``: the pipeline's, read once the step has trained, added to its metrics."""
-    config, schedule, journal = trainer.config, trainer.schedule, trainer.journal
+    config, schedule, journal = trainer.config, trainer._schedule, trainer._journal
     step, epoch, indices, finished = (
         collected.step,
         collected.epoch,
@@ -131,13 +131,13 @@ async def finish[ExampleT](
         collected.runs,
     )
     assert step == trainer.completed_steps, "steps ship in order"
-    await trainer.models.get()  # ART has loaded (in the background) and the model is built
+    await trainer._models.get()  # ART has loaded (in the background) and the model is built
     from ..capture._art import trainable_tokens
 
     schedule.start_epoch(epoch)
-    stale = stale_runs(finished, step, trainer.max_steps_off_policy)
+    stale = stale_runs(finished, step, trainer.config.max_steps_off_policy)
     if stale:
-        _stale(step, stale, finished, trainer.max_steps_off_policy, journal)
+        _stale(step, stale, finished, trainer.config.max_steps_off_policy, journal)
     staleness = off_policy((t for slot, t in finished.items() if slot not in stale), step)
     with _gc_paused():
         groups, failures = build_groups(trainer, indices, finished, stale)
@@ -193,11 +193,11 @@ async def finish[ExampleT](
         **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
         **step_continuity(shipped),
     }
-    warn_continuity(step, metrics, trainer.continuity_warn_rate)
+    warn_continuity(step, metrics, trainer.config.continuity_warn_rate)
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
     if train_result is not None:
-        metrics.update(trainer.reporter.train_metrics(step, train_result.metrics))
+        metrics.update(trainer._reporter.train_metrics(step, train_result.metrics))
     per_group = {str(groups[pos].metadata["example_id"]): tokens[pos] for pos in signal}
     journal.mark_shipped(
         step, {"groups": len(shipped), "metrics": metrics, "trainable_tokens": per_group}
@@ -287,12 +287,12 @@ def build_groups(
     import art  # loaded: finish() waited for it
     from art.trajectories import PydanticException
 
-    schedule, group_size = trainer.schedule, trainer.config.group_size
+    schedule, group_size = trainer._schedule, trainer.config.group_size
     groups, failures = [], []
     for pos, index in enumerate(indices):
         slots = [(pos, k) for k in range(group_size)]
         ok = [
-            done[s].to_art(trainer.continuity_tokenizer)
+            done[s].to_art(trainer._continuity_tokenizer)
             for s in slots
             if done[s].exception is None and done[s].reward is not None and s not in left_out
         ]

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Never, Self
 
 from .._errors import ConfigurationError, UsageError
-from ..capture._continuity import PolicyTokenizer, check_warn_rate
+from ..capture._continuity import PolicyTokenizer
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
 from ..executors._rollout import RewardFn, Rollout, RolloutRunner
 from ._art_import import ModelFactory, TrainerModel, start_art_import
-from ._config import TrainerConfig, check_train_kwargs, read_dataset
+from ._config import TrainerConfig, check_train_kwargs, read_dataset, unexpected_keyword
 from ._curriculum import Curriculum
-from ._group import GroupRewardFn, check_group_reward, own_reward
+from ._group import GroupReward, check_group_reward, own_reward
 from ._journal import Journal, Slot
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
@@ -52,7 +52,11 @@ class Trainer[ExampleT]:
     per step names the cause, and a step left with nothing to train fails with
     :class:`~arttrace.TrainingError`.
 
-    Args:
+    ``async with Trainer(...) as trainer:`` (or ``with``) closes it on exit: see :meth:`aclose`.
+    Every setting that is a value (not a collaborator) is kept, validated, in ``trainer.config``
+    (a ``TrainerConfig``).
+
+    Args: The agent and the model
         model: The ``art.TrainableModel`` to train; register it first
             (``await model.register(backend)``). Or a function of no arguments that builds
             it, so that rollouts start without waiting for ART to load (``import art`` takes
@@ -67,18 +71,25 @@ class Trainer[ExampleT]:
             runs in a worker thread (at most ``max_concurrency`` at a time) in the run's
             context, so ``current_trajectory()`` and a sync OpenAI client work in it. The
             Trainer opens the run's trajectory around it: the rollout must not open its own.
-            The run's reward, in this order: ``reward_fn(example, output)`` when ``reward_fn``
-            is given; else the rollout's return value when it is a real number (``float``,
-            ``int``, ``numpy.float32``, ``Decimal``, ``Fraction``; not ``bool``); else what the
+            Its reward: see ``reward_fn``.
+        train_dataset: The training examples: any iterable (a generator too), read once into
+            a list when the Trainer is built; it must hold at least one example.
+
+    Args: Data
+        val_dataset: Validation examples (read once, like ``train_dataset``), each run once by
+            :meth:`validate`.
+        example_id: The id of an example (a function of it); else its ``"id"`` key, else
+            ``train-<index>`` / ``val-<index>``.
+
+    Args: Reward
+        reward_fn: Scores a rollout's output: ``reward_fn(example, output)``, sync or async.
+            The run's reward, in this order: ``reward_fn(example, output)`` when it is given;
+            else the rollout's return value when it is a real number (``float``, ``int``,
+            ``numpy.float32``, ``Decimal``, ``Fraction``; not ``bool``); else what the
             rollout set with ``arttrace.current_trajectory().reward = ...`` (anything else it
             returns, such as its answer, is then ignored). No reward, a reward that is not a
             finite real number, or two sources that disagree fail the run with an error that
             says what to do.
-        train_dataset: The training examples: any iterable (a generator too), read once into
-            a list when the Trainer is built; it must hold at least one example.
-        val_dataset: Validation examples (read once, like ``train_dataset``), each run once by
-            :meth:`validate`.
-        reward_fn: Scores a rollout's output: ``reward_fn(example, output)``, sync or async.
         group_reward: Scores a group's runs relative to each other (an LLM judge such as
             :func:`arttrace.rewards.ruler`): ``group_reward(group)``, sync or async, gets an
             :class:`~arttrace.Group` (the example and its runs that finished: trajectory,
@@ -89,16 +100,31 @@ class Trainer[ExampleT]:
             need not give one (``0.0`` then). Judgments are journaled: ``resume=True`` never
             judges a group twice. A judge that raises or returns a wrong answer fails the
             group's runs under ``max_exceptions``, with the cause. See docs/rewards.md.
-        example_id: The id of an example (a function of it); else its ``"id"`` key, else
-            ``train-<index>`` / ``val-<index>``.
+
+    Args: Batching
         group_size: Runs per example; one group per example, never one across examples.
         groups_per_step: Examples (groups) per step. Each epoch is a fresh shuffle seeded by
             ``seed`` and the epoch number; the global ``random`` state is never touched.
-        max_concurrency: Runs in flight at a time (an executor may set its own limit).
+        seed: Seeds the shuffle of each epoch. The replies are the backend's to repeat or
+            not (``CPUBackend(seed=...)`` does, a vLLM server does not).
+        min_reward_spread: Groups whose rewards spread (max - min) less than this, or not at
+            all, are dropped: they teach nothing.
+        curriculum: A :class:`~arttrace.Curriculum` choosing which groups with learning
+            signal ship; its state is saved with the run.
+        learning_rate: Passed to ``backend.train``.
+        train_kwargs: The other keyword arguments of ``backend.train``, passed unchanged
+            (``{"kl_penalty_coef": 0.1, "loss_fn": "ppo"}``). Each name is checked when the
+            Trainer is built against the backend's ``train`` signature: an unknown name is an
+            error naming the closest valid one (a ``train`` that takes ``**kwargs``, such as
+            :class:`~arttrace.DryRunBackend`'s, takes any name).
+
+    Args: Execution
         executor: Where rollouts run: :class:`~arttrace.InProcessExecutor` (the default:
             tasks of this process) or :class:`~arttrace.RayExecutor` (workers of a Ray
             cluster). The rollout, ``reward_fn`` and every example are checked when the
             Trainer is built: one that the executor cannot run is a ``ConfigurationError``.
+            The Trainer closes it in :meth:`close`.
+        max_concurrency: Runs in flight at a time (an executor may set its own limit).
         max_steps_off_policy: How many steps :meth:`train` may run rollouts ahead of the
             policy: with ``k >= 1`` the rollouts of the next ``k`` steps run while a step
             trains (pipelined training), each run sampling from a policy at most ``k`` steps
@@ -107,33 +133,11 @@ class Trainer[ExampleT]:
             number of steps trained when it started; its calls sampled from that policy or
             a newer one). A journaled run older than ``k`` steps when its step ships (resumed
             with a smaller ``k`` than it ran with) is left out of its group, with a warning.
-        learning_rate: Passed to ``backend.train``.
-        min_reward_spread: Groups whose rewards spread (max - min) less than this, or not at
-            all, are dropped: they teach nothing.
-        curriculum: A :class:`~arttrace.Curriculum` choosing which groups with learning
-            signal ship; its state is saved with the run.
+
+    Args: Failure handling
         max_exceptions: Rollouts that may raise in one step, as a count (int) or a fraction of
             the step's rollouts (float), before the step fails with
             :class:`~arttrace.TrainingError` naming the most common cause.
-        output_dir: Where the run is kept: the journal (every finished rollout), ``state.json``,
-            ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png`` (redrawn after a
-            step at most every 30 s, and at the end of :meth:`train`).
-        seed: Seeds the shuffle of each epoch. The replies are the backend's to repeat or
-            not (``CPUBackend(seed=...)`` does, a vLLM server does not).
-        resume: Continue the run in ``output_dir``: finished rollouts are read back from the
-            journal, not run again. Without it, an ``output_dir`` that holds a run is an error.
-            The run's seed, dataset, ``group_size``, ``groups_per_step`` and curriculum must be
-            the ones it started with (a ``ResumeError``, a ``ConfigurationError``, names each
-            difference).
-            A step the backend already trained is not shipped again. One Trainer works in an
-            ``output_dir`` at a time (a lock on it; a second one gets ``RunLockedError``).
-        train_retries: How many times a failed ``backend.train`` is retried, with exponential
-            backoff from ``retry_delay`` seconds.
-        retry_delay: The first retry's delay, in seconds.
-        train_timeout: Seconds ``backend.train`` may take (default ``None``: no limit). Past
-            it the call is cancelled and the step fails with :class:`~arttrace.TrainingError`;
-            its groups stay in the journal and ``resume=True`` ships them, after asking the
-            backend whether the cancelled call trained them.
         rollout_timeout: Seconds one run (the rollout and its ``reward_fn``) may take, in
             training and validation (default ``None``: no limit, since what is long depends
             on the agent; an LLM call that never answers then holds its step for the client's
@@ -141,10 +145,31 @@ class Trainer[ExampleT]:
             or on its Ray worker) and fails with :class:`~arttrace.RolloutTimeoutError`,
             counted under ``max_exceptions``; it is journaled with the calls it recorded. A
             sync rollout's thread cannot be stopped: it runs on, unrecorded.
+        train_timeout: Seconds ``backend.train`` may take (default ``None``: no limit). Past
+            it the call is cancelled and the step fails with :class:`~arttrace.TrainingError`;
+            its groups stay in the journal and ``resume=True`` ships them, after asking the
+            backend whether the cancelled call trained them.
+        train_retries: How many times a failed ``backend.train`` is retried, with exponential
+            backoff from ``retry_delay`` seconds.
+        retry_delay: The first retry's delay, in seconds.
+
+    Args: Output
+        output_dir: Where the run is kept: the journal (every finished rollout), ``state.json``,
+            ``metrics.jsonl``, ``validation.jsonl`` and ``reward_plot.png`` (redrawn after a
+            step at most every 30 s, and at the end of :meth:`train`).
+        resume: Continue the run in ``output_dir``: finished rollouts are read back from the
+            journal, not run again. Without it, an ``output_dir`` that holds a run is an error.
+            The run's seed, dataset, ``group_size``, ``groups_per_step`` and curriculum must be
+            the ones it started with (a ``ResumeError``, a ``ConfigurationError``, names each
+            difference).
+            A step the backend already trained is not shipped again. One Trainer works in an
+            ``output_dir`` at a time (a lock on it; a second one gets ``RunLockedError``).
         log_to_model: Send each step's metrics to ``model.log`` (ART's history, W&B).
         progress: Show a progress bar of the step's runs and their mean reward, and one line
             on stderr per step and validation: rewards, groups shipped (or why none did),
             loss.
+
+    Args: Diagnostics
         continuity_warn_rate: A step whose turns break token continuity more often than this
             (breaks per turn boundary checked, from 0 to 1; ``1``: never) warns once, with
             the most common cause and its fix (:class:`~arttrace.TokenContinuityWarning`).
@@ -156,13 +181,12 @@ class Trainer[ExampleT]:
             model's ``base_model``'s when this machine holds it (nothing is downloaded), for
             turns served as the model's name or ``name@step``; without one, the causes are
             guessed (``continuity_breaks_guessed``).
-        **train_kwargs: Passed to ``backend.train`` unchanged (``kl_penalty_coef``,
-            ``loss_fn``, ...). Each name is checked when the Trainer is built, against the
-            backend's ``train`` signature (or, when it takes ``**kwargs``, the keywords of
-            ART's backends): an unknown name is an error naming the closest valid one.
 
     Raises:
-        ConfigurationError: A setting, dataset, rollout or keyword the Trainer cannot use.
+        ConfigurationError: A setting, dataset, rollout or ``train_kwargs`` name the Trainer
+            cannot use.
+        TypeError: A keyword argument the Trainer does not take, naming the closest one (a
+            keyword argument of ``backend.train`` goes in ``train_kwargs``).
     """
 
     def __init__(
@@ -172,83 +196,87 @@ class Trainer[ExampleT]:
         rollout: Rollout[ExampleT],
         train_dataset: Iterable[ExampleT],
         *,
+        # data
         val_dataset: Iterable[ExampleT] | None = None,
-        reward_fn: RewardFn[ExampleT] | None = None,
-        group_reward: GroupRewardFn[ExampleT] | None = None,
         example_id: Callable[[ExampleT], str] | None = None,
+        # reward
+        reward_fn: RewardFn[ExampleT] | None = None,
+        group_reward: GroupReward[ExampleT] | None = None,
+        # batching
         group_size: int = 8,
         groups_per_step: int = 8,
-        max_concurrency: int = 32,
-        executor: Executor | None = None,
-        max_steps_off_policy: int = 0,
-        learning_rate: float = 5e-6,
+        seed: int = 0,
         min_reward_spread: float = 0.0,
         curriculum: Curriculum | None = None,
+        learning_rate: float = 5e-6,
+        train_kwargs: Mapping[str, Any] | None = None,
+        # execution
+        executor: Executor | None = None,
+        max_concurrency: int = 32,
+        max_steps_off_policy: int = 0,
+        # failure handling
         max_exceptions: int | float = 0.25,
-        output_dir: str | Path = "runs/train",
-        seed: int = 0,
-        resume: bool = False,
+        rollout_timeout: float | None = None,
+        train_timeout: float | None = None,
         train_retries: int = 3,
         retry_delay: float = 1.0,
-        train_timeout: float | None = None,
-        rollout_timeout: float | None = None,
+        # output
+        output_dir: str | Path = "runs/train",
+        resume: bool = False,
         log_to_model: bool = True,
         progress: bool = True,
+        # diagnostics
         continuity_warn_rate: float = 0.05,
         tokenizer: Any = None,
-        **train_kwargs: Any,
+        **unexpected: Never,  # an unknown keyword: a TypeError naming it (and train_kwargs)
     ) -> None:
+        if unexpected:
+            raise unexpected_keyword(next(iter(unexpected)), inspect.signature(Trainer))
         self.config = TrainerConfig(
             group_size=group_size,
             groups_per_step=groups_per_step,
-            max_concurrency=max_concurrency,
-            learning_rate=learning_rate,
-            min_reward_spread=min_reward_spread,
-            max_exceptions=max_exceptions,
-            output_dir=Path(output_dir),
             seed=seed,
+            min_reward_spread=min_reward_spread,
+            learning_rate=learning_rate,
+            train_kwargs={} if train_kwargs is None else train_kwargs,
+            max_concurrency=max_concurrency,
+            max_steps_off_policy=max_steps_off_policy,
+            max_exceptions=max_exceptions,
+            rollout_timeout=rollout_timeout,
+            train_timeout=train_timeout,
             train_retries=train_retries,
             retry_delay=retry_delay,
-            train_timeout=train_timeout,
-            rollout_timeout=rollout_timeout,
+            output_dir=Path(output_dir),
+            resume=resume,
             log_to_model=log_to_model,
             progress=progress,
-            train_kwargs=train_kwargs,
+            continuity_warn_rate=continuity_warn_rate,
         )
-        check_train_kwargs(backend, train_kwargs, inspect.signature(Trainer).parameters)
-        if isinstance(max_steps_off_policy, bool) or not (
-            isinstance(max_steps_off_policy, int) and max_steps_off_policy >= 0
-        ):
-            raise ConfigurationError(
-                "max_steps_off_policy must be an int >= 0 (0: synchronous steps), got "
-                f"{max_steps_off_policy!r}"
-            )
+        check_train_kwargs(backend, self.config.train_kwargs)
         if executor is not None and not isinstance(executor, Executor):
             raise ConfigurationError(
                 f"executor must be an arttrace executor (arttrace.InProcessExecutor(), "
                 f"arttrace.RayExecutor(...)), got {type(executor).__name__}"
             )
-        self.max_steps_off_policy = max_steps_off_policy
-        self.continuity_warn_rate = check_warn_rate(continuity_warn_rate)
         start_art_import()  # rollouts need only capture: ART loads meanwhile
-        self.models = TrainerModel(model, backend)
-        self.continuity_tokenizer = PolicyTokenizer.for_trainer(
-            tokenizer, lambda: self.models.built
+        self._models = TrainerModel(model, backend)
+        self._continuity_tokenizer = PolicyTokenizer.for_trainer(
+            tokenizer, lambda: self._models.built
         )
         self.backend = backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
         check_group_reward(group_reward)
-        self.group_reward = group_reward
+        self._group_reward = group_reward
         own = own_reward if group_reward is not None and reward_fn is None else reward_fn
         self._runner = RolloutRunner(rollout, own, max_concurrency, rollout_timeout)
-        self.schedule = Schedule(
+        self._schedule = Schedule(
             read_dataset(train_dataset, "train_dataset"),
             groups_per_step=groups_per_step,
             seed=seed,
             example_id=example_id,
             curriculum=curriculum,
         )
-        if not self.schedule.dataset:
+        if not self._schedule.dataset:
             raise ConfigurationError(
                 "train_dataset is empty: give the Trainer at least one example (an iterable "
                 "is read once, when the Trainer is built: a generator already consumed is empty)"
@@ -257,11 +285,11 @@ class Trainer[ExampleT]:
             [] if val_dataset is None else read_dataset(val_dataset, "val_dataset")
         )
         self.output_dir = self.config.output_dir
-        self.journal = Journal(self.output_dir)
-        self.reporter = Reporter(
-            self.output_dir, self.models, log_to_model=log_to_model, progress=progress
+        self._journal = Journal(self.output_dir)
+        self._reporter = Reporter(
+            self.output_dir, self._models, log_to_model=log_to_model, progress=progress
         )
-        state = open_run(self.journal, run_settings(self), resume)
+        state = open_run(self._journal, run_settings(self), resume)
         self.completed_steps: int = state.get("completed_steps", 0)
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
@@ -271,12 +299,12 @@ class Trainer[ExampleT]:
     def model(self) -> art.TrainableModel[Any]:
         """The model being trained (one a factory builds exists once ART has loaded, when
         the first step's groups are built)."""
-        model = self.models.built
+        model = self._models.built
         if model is None:
             raise UsageError(
                 "the Trainer's model comes from a factory, which runs once ART has loaded, "
                 "when the first step's groups are built: read trainer.model after a step, or "
-                "await trainer.models.get() to wait for it"
+                "pass the Trainer the model itself"
             )
         return model
 
@@ -292,25 +320,25 @@ class Trainer[ExampleT]:
         self._bind()
 
     def _bind(self) -> None:
-        examples = [*self.schedule.dataset, *self.val_dataset]
+        examples = [*self._schedule.dataset, *self.val_dataset]
         self.executor.bind(self._runner, examples, self.config.max_concurrency)
 
     # -- the schedule ----------------------------------------------------------------------
 
     @property
     def train_dataset(self) -> Sequence[ExampleT]:
-        return self.schedule.dataset
+        return self._schedule.dataset
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.schedule.steps_per_epoch
+        return self._schedule.steps_per_epoch
 
     def batch(self, step: int) -> tuple[int, list[int]]:
         """``(epoch, dataset indices)`` of ``step``: each epoch a fresh seeded shuffle."""
-        return self.schedule.batch(step)
+        return self._schedule.batch(step)
 
     def example_id(self, example: ExampleT, index: int, split: str) -> str:
-        return self.schedule.example_id(example, index, split)
+        return self._schedule.example_id(example, index, split)
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -318,8 +346,8 @@ class Trainer[ExampleT]:
         """Run one GRPO step and ship it; see the class docstring."""
         with working(self):
             result = await run_step(self)
-            self.reporter.append("metrics.jsonl", result.metrics)
-        await self.reporter.report(result.metrics, result.step, "train")
+            self._reporter.append("metrics.jsonl", result.metrics)
+        await self._reporter.report(result.metrics, result.step, "train")
         return result
 
     async def validate(self) -> dict[str, float]:
@@ -338,8 +366,8 @@ class Trainer[ExampleT]:
         }
         await run_rollouts(
             slots,
-            lambda slot, example_id, example: self.run_one(example_id, example, "val", step, 0),
-            bar=self.reporter.bar("val", step, len(slots), []),
+            lambda slot, example_id, example: self._run_one(example_id, example, "val", step, 0),
+            bar=self._reporter.bar("val", step, len(slots), []),
             done=results,
         )
         rewards = [t.reward for t in results.values() if t.reward is not None]
@@ -349,8 +377,8 @@ class Trainer[ExampleT]:
             "examples": len(slots),
             "exceptions": sum(t.exception is not None for t in results.values()),
         }
-        self.reporter.append("validation.jsonl", metrics)
-        await self.reporter.report(metrics, step, "val")
+        self._reporter.append("validation.jsonl", metrics)
+        await self._reporter.report(metrics, step, "val")
         return metrics
 
     async def train(
@@ -372,7 +400,7 @@ class Trainer[ExampleT]:
         else:
             raise ConfigurationError("give exactly one of num_steps or num_epochs")
         with working(self):  # one lock from the first step to the last
-            validated = {int(v["step"]) for v in self.reporter.read("validation.jsonl")}
+            validated = {int(v["step"]) for v in self._reporter.read("validation.jsonl")}
             results: list[StepResult] = []
 
             async def maybe_validate() -> None:
@@ -386,8 +414,8 @@ class Trainer[ExampleT]:
             try:
                 while self.completed_steps < total:
                     result = await pipeline.step()
-                    self.reporter.append("metrics.jsonl", result.metrics)
-                    await self.reporter.report(result.metrics, result.step, "train")
+                    self._reporter.append("metrics.jsonl", result.metrics)
+                    await self._reporter.report(result.metrics, result.step, "train")
                     results.append(dataclasses.replace(result, groups=[]))
                     del result  # its ART objects go now, not after the next step's rollouts
                     if validate_every and self.completed_steps % validate_every == 0:
@@ -395,15 +423,15 @@ class Trainer[ExampleT]:
             finally:
                 await pipeline.aclose()
             await maybe_validate()
-        await self.reporter.finish()
+        await self._reporter.finish()
         return results
 
     async def flush(self) -> None:
         """Wait for the last step's ``model.log`` and plot. :meth:`train` also redraws the
         plot at its end, if a step came after its last drawing."""
-        await self.reporter.flush()
+        await self._reporter.flush()
 
-    async def run_one(
+    async def _run_one(
         self, example_id: str, example: ExampleT, split: str, step: int, rollout: int
     ) -> Trajectory:
         """One run of ``example`` in its own trajectory, with its reward."""
@@ -419,6 +447,30 @@ class Trainer[ExampleT]:
 
         return await self.executor.run(example_id, example, metadata)
 
+    # -- lifecycle --------------------------------------------------------------------------
+
     def close(self) -> None:
-        """Release the executor's workers (a Ray executor's actors); idempotent."""
+        """Close the executor: release its workers (a Ray executor's actors, the worker
+        threads of sync rollouts); idempotent. ``with Trainer(...) as trainer:`` calls it on
+        exit."""
         self.executor.close()
+
+    async def aclose(self) -> None:
+        """:meth:`flush`, then :meth:`close` (even if the flush fails); idempotent.
+        ``async with Trainer(...) as trainer:`` calls it on exit."""
+        try:
+            await self.flush()
+        finally:
+            self.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
