@@ -55,7 +55,7 @@ import openai
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 
 # where the Trainer's phases live (private modules: the bench follows them when they move)
 step_module = importlib.import_module("arttrace.training._step")  # build_groups

@@ -20,7 +20,7 @@ import arttrace as at
 from arttrace._errors import ConfigurationError
 from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
 from arttrace.training._cpu_model import attention_pattern
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

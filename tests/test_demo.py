@@ -14,7 +14,7 @@ from openai.types.chat.chat_completion import Choice
 import arttrace as at
 from arttrace.app.cli import build_parser, main
 from arttrace.testing import ScriptedLLM, serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 
 
 def run(*args: str) -> int:

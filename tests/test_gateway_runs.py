@@ -15,7 +15,7 @@ import pytest
 import arttrace as at
 from arttrace.gateway import Gateway
 from arttrace.testing import ScriptedLLM, serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 from test_gateway_support import RecordingUpstream
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from arttrace.testing import serve
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 from served import KeptLLM
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers share the port on Linux")

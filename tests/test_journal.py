@@ -15,7 +15,7 @@ import pytest
 
 import arttrace as at
 from arttrace._errors import JournalError, RunLockedError
-from arttrace.training._journal import Journal, RunLock, append_line, read_lines
+from arttrace._journal import Journal, RunLock, append_line, read_lines
 
 
 def run(example_id: str, reward: float) -> at.Trajectory:

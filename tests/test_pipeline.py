@@ -25,7 +25,7 @@ import arttrace as at
 from art_server import FakeServerlessAPI
 from arttrace._errors import ConfigurationError
 from arttrace.testing import LLMServer, Reply, ScriptedLLM
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 from test_resume import Hangs, SteppingBackend
 from test_trainer import Agent, RecordingBackend, dataset, journaled, make
 

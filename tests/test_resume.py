@@ -20,7 +20,7 @@ import pytest
 
 import arttrace as at
 from arttrace._errors import ConfigurationError, JournalError, ResumeError, RunLockedError
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 from test_journal import hold_lock
 from test_trainer import Agent, RecordingBackend, dataset, journaled, make
 

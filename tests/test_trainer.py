@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.testing import Reply, ScriptedLLM
-from arttrace.training._journal import Journal
+from arttrace._journal import Journal
 
 
 class RecordingBackend:

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
@@ -33,15 +33,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .._errors import ConfigurationError
+from .._journal import Journal
 from ..capture import _context
 from ..capture._calls import Settings
 from ..capture._context import TrainableScope
 from ..capture._redact import remember_headers
 from ..capture._trajectory import Trajectory, check_reward
 from ..capture._wire import Recorder, open_recorder, training_body
-
-if TYPE_CHECKING:
-    from ..training._journal import Journal
 
 
 @dataclass(slots=True)
@@ -234,14 +232,12 @@ class Runs:
 
     def hold(self) -> None:
         """Take the run folder (its journal's lock: one writer at a time, a Trainer or a
-        gateway); importing the journal loads the training package, once."""
+        gateway)."""
         self.journal().lock.acquire()
 
     def journal(self) -> Journal:
         """The journal under ``out``."""
         if self._journal is None:
-            from ..training._journal import Journal
-
             assert self.out is not None
             self._journal = Journal(self.out)
         return self._journal

@@ -335,7 +335,7 @@ class Workers:
                 self.workers.append(_Worker(i, [shared[i if reuse_port else 0], private]))
                 private.bind((self.host, 0))
                 private.listen(4096)
-            from ..training._journal import RunLock
+            from .._journal import RunLock
 
             self._lock = RunLock(Path(self.config["out"]))
             self._lock.acquire()

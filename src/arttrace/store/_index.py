@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._errors import ConfigurationError, JournalError
-from ..training._journal import _damaged
+from .._journal import damaged, parse_line
 from . import _scan
 from ._rows import Kind
 
@@ -375,7 +375,7 @@ class Index:
         ):
             read += 1
             try:
-                record = _scan.parse_line(path, number, line)
+                record = parse_line(path, number, line)
                 if record is not None:
                     if source.kind == "rollouts":
                         added += self._add_rollout(source, path, file, number, start, line, record)
@@ -410,7 +410,7 @@ class Index:
                 (int(k), started, float(r)) for (k, started), r in zip(runs, rewards, strict=True)
             ]
         except (KeyError, TypeError, ValueError, AssertionError) as error:
-            raise _damaged(path, number, f"not a group reward ({error!r})") from None
+            raise damaged(path, number, f"not a group reward ({error!r})") from None
         self.db.executemany(
             "UPDATE runs SET reward = ? WHERE step = ? AND position = ? AND rollout = ? "
             "AND started_at IS ?",
@@ -431,7 +431,7 @@ class Index:
         try:
             figures = _scan.figures(data)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise _damaged(path, number, f"not a trajectory ({error!r})") from None
+            raise damaged(path, number, f"not a trajectory ({error!r})") from None
         assert source.step is not None
         if number >> LINE_BITS:
             raise JournalError(

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError, JournalError
+from .._journal import damaged
 from ..capture._layers import LOWER_LAYERS
 from ..capture._records import LLMCall
 from ..capture._trajectory import Trajectory
-from ..training._journal import _damaged, _loads
 from ._rows import Kind
 
 STEP_DIR = re.compile(r"step-(\d+)")
@@ -131,20 +131,6 @@ def whole_lines(
             read += len(line)
 
 
-def parse_line(path: Path, number: int, line: bytes) -> dict[str, Any] | None:
-    """The record on a whole line (``None`` for a blank one), else the journal's own
-    :class:`JournalError` naming the file and line."""
-    if not line.strip():
-        return None
-    try:
-        record = _loads(line)
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-        raise _damaged(path, number, f"not a line of JSON ({error})") from None
-    if not isinstance(record, dict):
-        raise _damaged(path, number, f"a JSON {type(record).__name__}, not an object")
-    return record
-
-
 def rollout(path: Path, number: int, record: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """``(position, rollout, trajectory dict)`` of a journal line."""
     try:
@@ -154,7 +140,7 @@ def rollout(path: Path, number: int, record: dict[str, Any]) -> tuple[int, int, 
             raise TypeError("its trajectory is not an object")
         return int(position), int(k), trajectory
     except (KeyError, TypeError, ValueError) as error:
-        raise _damaged(path, number, f"not a rollout ({error!r})") from None
+        raise damaged(path, number, f"not a rollout ({error!r})") from None
 
 
 def saved(path: Path, data: bytes) -> dict[str, Any]:

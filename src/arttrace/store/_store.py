@@ -15,8 +15,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from .._errors import ConfigurationError, JournalError
+from .._journal import loads, read_json
 from ..capture._trajectory import Trajectory
-from ..training._journal import _loads, read_json
 from . import _scan
 from ._index import SEPARATOR, Index
 from ._rows import GroupRow, Kind, RunSummary, StepRow, TrajectoryRow, ValidationRow
@@ -139,7 +139,7 @@ class RunStore:
         cached = self._parsed.get(kind)
         if cached is None or cached[0] != (count, last, size):
             rows = self._query("SELECT record FROM lines WHERE file = ? ORDER BY line", (kind,))
-            cached = self._parsed[kind] = ((count, last, size), [row(_loads(r)) for (r,) in rows])
+            cached = self._parsed[kind] = ((count, last, size), [row(loads(r)) for (r,) in rows])
         return list(cached[1])
 
     def steps(self) -> list[StepRow]:
@@ -314,7 +314,7 @@ class RunStore:
             with open(row.file, "rb") as file:
                 file.seek(row.offset)
                 data = file.read(row.length)
-            record = _loads(data)
+            record = loads(data)
             trajectory = record if row.step is None else record["trajectory"]
             if not isinstance(trajectory, dict):
                 raise TypeError("not an object")

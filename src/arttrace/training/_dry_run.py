@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._journal import private_dir, write_json
 from ..capture._records import jsonable
-from ._journal import private_dir, write_json
 
 if TYPE_CHECKING:
     import art  # loaded when train() is called: building it must not wait for ART

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError
+from .._journal import Slot, append_line, read_lines
 from ..capture import _context
 from ..capture._conversations import Turn
 from ..capture._trajectory import Trajectory, check_reward, current_trajectory
-from ._journal import Slot, append_line, read_lines
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from .._journal import Journal
 
 __all__ = ["Group", "GroupRewardFn", "GroupRewards", "GroupRun", "own_reward"]
 

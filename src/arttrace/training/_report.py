@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm as text_bar
 
+from .._journal import append_line, private_dir, read_lines
 from ..capture import _context
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import fix_for, warn_every_time
-from ._journal import append_line, private_dir, read_lines
 from ._plot import reward_plot
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigurationError, ResumeError, RunLockedError
+from .._journal import Journal, Slot, append_line, differences, read_lines
 from ..capture._trajectory import Trajectory
-from ._journal import Journal, Slot, append_line, differences, read_lines
 
 if TYPE_CHECKING:
     from ._trainer import Trainer

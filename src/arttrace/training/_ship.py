@@ -21,8 +21,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TrainingError
+from .._journal import Journal
 from ._config import TrainerConfig
-from ._journal import Journal
 
 if TYPE_CHECKING:
     import art

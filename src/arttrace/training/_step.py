@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TrainingError
+from .._journal import Journal, Slot
 from ..capture._continuity import step_continuity, warn_continuity
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
 from ._group import GroupJudging, independent_stats
-from ._journal import Journal, Slot
 from ._report import Progress, reward_stats, untrainable_cause
 from ._resume import check_journaled
 from ._ship import ship

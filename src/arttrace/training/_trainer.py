@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Never, Self
 
 from .._errors import ConfigurationError, UsageError
+from .._journal import Journal, Slot
 from ..capture._continuity import PolicyTokenizer
 from ..capture._trajectory import MetadataValue, Trajectory
 from ..executors import Executor, InProcessExecutor
@@ -28,7 +29,6 @@ from ._art_import import ModelFactory, TrainerModel, start_art_import
 from ._config import TrainerConfig, check_train_kwargs, read_dataset, unexpected_keyword
 from ._curriculum import Curriculum
 from ._group import GroupReward, check_group_reward, own_reward
-from ._journal import Journal, Slot
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working

@@ -46,8 +46,8 @@ from typing import Any, Self
 
 import orjson
 
-from .._errors import JournalError, RunLockedError
-from ..capture._trajectory import Trajectory
+from ._errors import JournalError, RunLockedError
+from .capture._trajectory import Trajectory
 
 _log = logging.getLogger("arttrace")
 
@@ -136,10 +136,10 @@ def _json_line_read(record: dict[str, Any]) -> tuple[bytes, Any]:
     except TypeError:  # a type orjson does not take (an int beyond 64 bits, a non-str key)
         pass
     line = json.dumps(record).encode()
-    return line + b"\n", _loads(line)
+    return line + b"\n", loads(line)
 
 
-def _loads(line: bytes) -> Any:
+def loads(line: bytes) -> Any:
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError:  # NaN and infinities, which only ``json`` reads
@@ -161,7 +161,8 @@ def _cut_torn_line(path: Path, data: bytes) -> bytes:
     return data[:whole]
 
 
-def _damaged(path: Path, number: int, what: str) -> JournalError:
+def damaged(path: Path, number: int, what: str) -> JournalError:
+    """The error for line ``number`` of ``path``, which is ``what`` and so was damaged."""
     return JournalError(
         f"{path}, line {number}: {what}. A crash can only cut the last line short, and this "
         "one has lines after it, so the file was edited or damaged on disk. Repair or delete "
@@ -176,18 +177,22 @@ def read_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
-    records = []
-    for number, line in enumerate(_cut_torn_line(path, data).split(b"\n")[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            record = _loads(line)
-        except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
-            raise _damaged(path, number, f"not a line of JSON ({error})") from None
-        if not isinstance(record, dict):
-            raise _damaged(path, number, f"a JSON {type(record).__name__}, not an object")
-        records.append((number, record))
-    return records
+    lines = enumerate(_cut_torn_line(path, data).split(b"\n")[:-1], 1)
+    return [(n, record) for n, line in lines if (record := parse_line(path, n, line)) is not None]
+
+
+def parse_line(path: Path, number: int, line: bytes) -> dict[str, Any] | None:
+    """The record on line ``number`` of ``path`` (``None`` for a blank one); a line that is
+    not a JSON object is a :class:`JournalError` naming the file and line."""
+    if not line.strip():
+        return None
+    try:
+        record = loads(line)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise damaged(path, number, f"not a line of JSON ({error})") from None
+    if not isinstance(record, dict):
+        raise damaged(path, number, f"a JSON {type(record).__name__}, not an object")
+    return record
 
 
 def append_line(path: Path, record: dict[str, Any], *, sync: bool = True) -> None:
@@ -333,9 +338,9 @@ class Journal:
                 slot = int(position), int(rollout)
                 trajectory = Trajectory.from_dict(record["trajectory"])
             except (KeyError, TypeError, ValueError) as error:
-                raise _damaged(path, number, f"not a rollout ({error!r})") from None
+                raise damaged(path, number, f"not a rollout ({error!r})") from None
             if slot in out:
-                raise _damaged(path, number, f"slot {list(slot)} again (line {lines[slot]})")
+                raise damaged(path, number, f"slot {list(slot)} again (line {lines[slot]})")
             out[slot], lines[slot] = trajectory, number
         return out
 
