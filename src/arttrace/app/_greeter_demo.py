@@ -28,8 +28,8 @@ from typing import Any
 import art
 import openai
 
-import arttrace as at
-
+from .._instrument import instrument
+from ..capture._trainable import trainable
 from ._demo_checks import api_key, check_server
 
 SYSTEM = "Greet the customer."
@@ -78,7 +78,7 @@ def split(seed: int, val: int) -> tuple[list[str], list[str]]:
 def make_agent(client: openai.AsyncOpenAI, model: str) -> Any:
     """The agent a user would write: one Chat Completions call, its reply is the answer."""
 
-    @at.trainable
+    @trainable
     async def greeter(customer: str) -> str:
         response = await client.chat.completions.create(
             model=model,
@@ -131,21 +131,24 @@ async def run_greeter_demo(
     :class:`~arttrace.DryRunBackend` in ``out/dry_run``. ``reward(customer, reply)`` scores a run.
     ``progress``: tell on stderr what the run is doing (the Trainer's lines and progress bars).
     """
+    from ..training import DryRunBackend, Trainer
     from .demo import fresh
 
     s = settings or CPUSettings()
     fresh(out)
-    at.instrument()
+    instrument()
     started = time.perf_counter()
     train_set, val_set = split(seed, s.validation)
     if base_url is not None:
         assert served_model, "run_demo checks that --base-url comes with --model"
         await check_server(base_url, served_model)
-        backend = at.DryRunBackend(out / "dry_run", inference_base_url=base_url)
+        backend = DryRunBackend(out / "dry_run", inference_base_url=base_url)
         name = served_model
     else:
+        from ..training import CPUBackend
+
         _say(progress, "building the policy: a tiny Qwen2 with random weights (CPUBackend)")
-        backend = backend or at.CPUBackend(
+        backend = backend or CPUBackend(
             config=s.config, seed=seed, threads=1, train_embeddings=False, keep_checkpoints=1
         )
         name = MODEL_NAME
@@ -186,7 +189,7 @@ async def run_greeter_demo(
     async def rollout(customer: str) -> float:
         return reward(customer, await agent(customer))
 
-    trainer = at.Trainer(
+    trainer = Trainer(
         model,
         backend,
         rollout,
@@ -239,7 +242,7 @@ async def run_greeter_demo(
 
 def redraw_plot(out: Path, title: str, validations: list[dict[str, Any]]) -> None:
     """The Trainer's plot again, titled with the task and the backend that ran."""
-    from arttrace.training._plot import reward_plot
+    from ..training._plot import reward_plot
 
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     reward_plot(out / "reward_plot.png", steps, validations, title=title)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import __version__
 from .._errors import ConfigurationError
 from . import gateway_command, serve_test_model
 from ._args import HelpFormatter
@@ -69,9 +69,8 @@ def _build() -> tuple[argparse.ArgumentParser, _Subcommands]:
         epilog="Run 'arttrace COMMAND --help' for a command's options.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument(
-        "--version", action="version", version=f"arttrace {__version__}", help="print the version"
-    )
+    version = f"arttrace {importlib.metadata.version('arttrace')}"
+    parser.add_argument("--version", action="version", version=version, help="print the version")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")  # none: main says so
     for add in _COMMANDS:
         add(commands)

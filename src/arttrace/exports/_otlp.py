@@ -19,6 +19,7 @@ Header values are never printed; the exporter's log lines pass through arttrace'
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import logging
 import os
 import random
@@ -172,8 +173,6 @@ class _Replay:
         from opentelemetry.sdk.trace.id_generator import IdGenerator
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-        from .. import __version__
-
         self.ended: list[ReadableSpan] = []
         replay = self
 
@@ -202,7 +201,7 @@ class _Replay:
             shutdown_on_exit=False,
         )
         self.provider.add_span_processor(Collect())
-        self.tracer = self.provider.get_tracer("arttrace", __version__)
+        self.tracer = self.provider.get_tracer("arttrace", importlib.metadata.version("arttrace"))
 
     def run(self, run: Run, trajectory: Trajectory) -> None:
         from opentelemetry import trace
