@@ -52,7 +52,7 @@ import os
 import re
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -171,40 +171,58 @@ def continuity(conversations: Sequence[Conversation], tokenizer: Any = None) -> 
     """:func:`run_continuity` of a run's conversations, main one first (as ``to_art()``
     orders them)."""
     lookup = _lookup(tokenizer)
-    boundaries = unknown = sequences = used = 0
+    boundaries = sequences = used = checked = 0
+    unknown = sum(
+        item.call.trainable
+        for conversation in conversations
+        for item in conversation.items
+        if isinstance(item, Turn) and not item.context_only and not item.trainable
+    )
     breaks: list[Break] = []
-    before: Turn | None = None  # the turn trained before, in ART's order (across histories)
-    for c, conversation in enumerate(conversations):
-        carried_on = conversation.continues
-        previous = _last_trained(carried_on)  # what a continuation's first turn extends
-        spans: list[_Span] = []
-        checked = 0
-        for item in conversation.items:
-            if not isinstance(item, Turn) or item.context_only:
-                continue
-            if not item.trainable:
-                unknown += item.call.trainable
-                continue
-            prompt, sampled = item.call.prompt_token_ids, item.choice.token_ids
-            assert prompt is not None and sampled is not None  # a trained turn has both
-            sequences += before is None or not _extends(prompt, before)
-            if previous is None:
-                used += 1
-            else:
-                boundaries += 1
-                if not _extends(prompt, previous):
-                    if checked == 0 and carried_on is not None:
-                        at = _diverges(previous, prompt)
-                        breaks.append(Break(c, 0, at, "other", "messages", carried_on.edit))
-                    else:
-                        found = _explain(previous, prompt, spans, lookup)
-                        breaks.append(Break(c, checked, *found))
-                        at = found[0]
-                    spans = [s for s in spans if s.end <= at]
-            spans.append(_Span(len(prompt), len(prompt) + len(sampled), item))
-            previous = before = item
-            checked += 1
+    carried_on: Continuation | None = None
+    previous: Turn | None = None  # the turn this conversation's next trained turn extends
+    spans: list[_Span] = []
+    at = -1  # the conversation walked
+    for c, item, new_sequence in art_walk(conversations):
+        if c != at:
+            at, carried_on, spans, checked = c, conversations[c].continues, [], 0
+            previous = _last_trained(carried_on)  # what a continuation's first turn extends
+        prompt, sampled = item.call.prompt_token_ids, item.choice.token_ids
+        assert prompt is not None and sampled is not None  # a trained turn has both
+        sequences += new_sequence
+        if previous is None:
+            used += 1
+        else:
+            boundaries += 1
+            if not _extends(prompt, previous):
+                if checked == 0 and carried_on is not None:
+                    position = _diverges(previous, prompt)
+                    breaks.append(Break(c, 0, position, "other", "messages", carried_on.edit))
+                else:
+                    found = _explain(previous, prompt, spans, lookup)
+                    breaks.append(Break(c, checked, *found))
+                    position = found[0]
+                spans = [s for s in spans if s.end <= position]
+        spans.append(_Span(len(prompt), len(prompt) + len(sampled), item))
+        previous = item
+        checked += 1
     return RunContinuity(boundaries, tuple(breaks), unknown, used, sequences)
+
+
+def art_walk(conversations: Sequence[Conversation]) -> Iterator[tuple[int, Turn, bool]]:
+    """ART's walk (``assemble_vllm_training_sequences``) over ``to_art()``'s histories: each
+    turn it trains, in its order, as ``(conversation, turn, new_sequence)``; ``new_sequence``:
+    the turn's prompt does not extend the previous trained turn's prompt and sampled ids (or
+    there is none), so ART starts a new sequence with it. Token continuity counts ART's
+    sequences with it, and ``arttrace.exports`` assembles them."""
+    before: Turn | None = None
+    for c, conversation in enumerate(conversations):
+        for item in conversation.items:
+            if isinstance(item, Turn) and item.trainable:
+                prompt = item.call.prompt_token_ids
+                assert prompt is not None  # a trained turn has its prompt's ids
+                yield c, item, before is None or not _extends(prompt, before)
+                before = item
 
 
 def _last_trained(carried_on: Continuation | None) -> Turn | None:

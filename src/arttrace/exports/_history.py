@@ -6,12 +6,12 @@ its trainable turns. ``tests/test_exports.py`` holds both equal to ART's own fun
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from ..capture._continuity import art_walk
 from ..capture._conversations import Conversation, Turn
 from ..capture._records import COMPLETE
 from ..capture._redact import redact
@@ -86,19 +86,19 @@ _NAN = array("d", [float("nan")])
 
 
 def sequences(conversations: list[Conversation]) -> Sequences:
-    """As ART's ``assemble_vllm_training_sequences`` builds them from ``to_art()``'s histories:
-    each trainable turn's prompt extends the sequence so far (only its new suffix is added, as
-    context) or, when it does not, starts a new sequence; its sampled tokens follow, masked in."""
+    """As ART's ``assemble_vllm_training_sequences`` builds them from ``to_art()``'s histories
+    (:func:`~arttrace.capture._continuity.art_walk`): each trainable turn's prompt extends the
+    sequence so far (only its new suffix is added, as context) or, when it does not, starts a
+    new sequence; its sampled tokens follow, masked in."""
     out = Sequences()
     start = 0  # where the current sequence starts in the flat arrays
-    for turn in _trainable_turns(conversations):
+    for _, turn, new_sequence in art_walk(conversations):
         prompt, record = turn.call.prompt_token_ids, turn.choice
         assert prompt is not None and record.token_ids is not None and record.logprobs is not None
-        current = out.token_ids[start:]
-        if current and not (len(prompt) >= len(current) and prompt[: len(current)] == current):
-            out.sequence_lengths.append(len(current))
-            start, current = len(out.token_ids), array("q")
-        suffix = prompt[len(current) :]
+        if new_sequence and len(out.token_ids) > start:
+            out.sequence_lengths.append(len(out.token_ids) - start)
+            start = len(out.token_ids)
+        suffix = prompt[len(out.token_ids) - start :]
         _extend(out.token_ids, suffix)
         out.logprobs.extend(_NAN * len(suffix))
         out.mask.extend(bytes(len(suffix)))
@@ -115,10 +115,3 @@ def _extend(into: array[Any], values: array[Any]) -> None:
     """``into`` extended by ``values`` whatever their item size: a record keeps token ids in 4
     bytes and logprobs in float32 when that is exact (``capture._records.compact_ids``)."""
     into.extend(values if values.typecode == into.typecode else values.tolist())
-
-
-def _trainable_turns(conversations: list[Conversation]) -> Iterator[Turn]:
-    for conversation in conversations:
-        for item in conversation.items:
-            if isinstance(item, Turn) and item.trainable:
-                yield item
