@@ -79,7 +79,8 @@ async def main() -> None:
         resume=True,  # a second run continues from the last step
     )
     try:
-        results = await trainer.train(num_steps=trainer.completed_steps + STEPS)
+        async with trainer:  # closed on exit (the worker threads of sync rollouts, if any)
+            results = await trainer.train(num_steps=trainer.completed_steps + STEPS)
     finally:
         await client.close()
         await backend.close()

@@ -78,7 +78,7 @@ async def main(
         )
         backend = at.DryRunBackend(out / "dry_run")
         await model.register(backend)
-        trainer = at.Trainer(
+        trainer = at.Trainer(  # closed (its Ray actors) when the stack closes
             model,
             backend,
             make_rollout(upstream),
@@ -89,7 +89,7 @@ async def main(
             resume=True,  # run again after a crash: only the runs the journal lacks
             executor=at.RayExecutor(address, max_in_flight=4, num_cpus=0.5),
         )
-        stack.callback(trainer.close)
+        stack.enter_context(trainer)
         results = await trainer.train(num_steps=steps)
 
     print(f"{steps} GRPO step(s) over {len(dataset)} questions x 4 subprocess runs on Ray workers:")

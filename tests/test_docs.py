@@ -435,9 +435,10 @@ def test_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     # The Trainer's parameters are rendered from its docstring: each one is documented there.
     training = (tmp_path / "training" / "index.html").read_text()
     undocumented = [
-        name
-        for name in inspect.signature(at.Trainer).parameters
-        if not re.search(rf"<code>(\*\*)?{name}</code>", training)
+        p.name
+        for p in inspect.signature(at.Trainer).parameters.values()
+        if p.kind is not p.VAR_KEYWORD  # **unexpected: a TypeError naming the keyword
+        and not re.search(rf"<code>{p.name}</code>", training)
     ]
     assert undocumented == [], "document these in the Trainer's docstring (Args:)"
 
