@@ -109,14 +109,8 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
 async def _recorded(
     wrapped: Any, args: Any, exchange: Exchange, kwargs: dict[str, Any]
 ) -> aiohttp.ClientResponse:
-    token = _context.capturing.set(True)
-    try:
+    with _context.sending(exchange.failed):
         response: aiohttp.ClientResponse = await wrapped(*args, **kwargs)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
-    finally:
-        _context.capturing.reset(token)
     with guarded("watching an aiohttp response", exchange.lost):
         exchange.answered(response.status, response.headers.get("content-type"))
         _tap(response.content, exchange)

@@ -73,14 +73,8 @@ def _stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> A
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, request = opened
-    token = _context.capturing.set(True)
-    try:
+    with _context.sending(exchange.failed):
         response = wrapped(request)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
-    finally:
-        _context.capturing.reset(token)
     with guarded("watching a DSPy response", exchange.lost):
         _watch(exchange, response, exchange.pieces(response._chunks))
         release = response._release
@@ -104,14 +98,8 @@ def _do_stream(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -
 
 
 async def _do_stream_recorded(wrapped: Any, exchange: Exchange, request: Any) -> Any:
-    token = _context.capturing.set(True)
-    try:
+    with _context.sending(exchange.failed):
         response = await wrapped(request)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
-    finally:
-        _context.capturing.reset(token)
     with guarded("watching a DSPy response", exchange.lost):
         _watch(exchange, response, exchange.apieces(response._chunks))
         release = response._release

@@ -67,14 +67,8 @@ def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any
         args = (request, *args[1:])
     else:
         kwargs = {**kwargs, "request": request}
-    token = _context.capturing.set(True)
-    try:
+    with _context.sending(exchange.failed):
         response = wrapped(*args, **kwargs)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
-    finally:
-        _context.capturing.reset(token)
     with guarded("watching a requests response", exchange.lost):
         content_type = response.headers.get("content-type")
         if not kwargs.get("stream"):

@@ -13,6 +13,7 @@ from typing import Any
 
 import wrapt
 
+from . import _context
 from ._guard import guarded
 from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
@@ -39,11 +40,8 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
     if opened is None:
         return wrapped(*args, **kwargs)
     exchange, args, kwargs = opened
-    try:
+    with _context.sending(exchange.failed):
         result = wrapped(*args, **kwargs)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
     instance.__dict__[_PENDING] = exchange
     return result
 
@@ -92,11 +90,8 @@ def _getresponse(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any])
     exchange: Exchange | None = instance.__dict__.pop(_PENDING, None)
     if exchange is None:
         return wrapped(*args, **kwargs)
-    try:
+    with _context.sending(exchange.failed):
         response = wrapped(*args, **kwargs)
-    except BaseException as error:
-        exchange.failed(error, partial=False)
-        raise
     with guarded("watching an http.client response", exchange.lost):
         exchange.answered(
             response.status,

@@ -9,6 +9,7 @@ names the shim's record instead of keeping its own: :func:`add_namer`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -106,25 +107,13 @@ def _wrapper(
         capture = _start(settings, instance, kwargs, opened)
         if capture is None:
             return wrapped(*args, **kwargs)
-        token = _context.capturing.set(True)
-        try:
+        with _context.sending(functools.partial(_failed, capture)):
             result = wrapped(*args, **capture.kwargs)
-        except BaseException as error:
-            _failed(capture, error, partial=False)
-            raise
-        finally:
-            _context.capturing.reset(token)
         return _observe(capture, result)
 
     async def _async_create(wrapped: Any, args: Any, capture: _Recorder) -> Any:
-        token = _context.capturing.set(True)
-        try:
+        with _context.sending(functools.partial(_failed, capture)):
             result = await wrapped(*args, **capture.kwargs)
-        except BaseException as error:
-            _failed(capture, error, partial=False)
-            raise
-        finally:
-            _context.capturing.reset(token)
         return _observe(capture, result)
 
     def async_create(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -286,10 +286,8 @@ def trajectory(
 def _translated(value: str | Iterable[str] | None) -> frozenset[str] | None:
     if value is None:
         return None
-    from ..translation import _inprocess, apis
-
-    chosen = apis(value)
-    _inprocess.run_translates()
+    chosen = _context.translate_names(value)
+    _context.runs_translate = True
     return chosen
 
 

@@ -1,4 +1,4 @@
-"""Translation in this process: which calls translate, and the httpx ``send`` that does it.
+"""Translation in this process: which calls translate, and the hooks that make them.
 
 ``instrument(translate=...)`` sets the protocols for the process, ``trajectory(...,
 translate=...)`` for one run (its choice wins). While :func:`arttrace.instrument` is on, a
@@ -6,7 +6,9 @@ translate=...)`` for one run (its choice wins). While :func:`arttrace.instrument
 ``anthropic`` SDKs, and the OpenAI Agents SDK's default model, all send through) is made as a
 ``POST`` to ``.../chat/completions`` with the same client, recorded by the HTTP layer as a
 Chat Completions call with exact tokens, and answered with an ``httpx.Response`` whose body,
-whole or streamed, is the agent's protocol.
+whole or streamed, is the agent's protocol (:mod:`._send`). Capture does not know translation:
+:func:`configure` registers the send hooks with it (``capture._context.set_send_hooks``),
+:func:`reset` removes them.
 
 The OpenAI SDK shim records a Responses call itself; for a call that is translated it stands
 aside (:func:`stand_aside`: an outer wrapper of ``Responses.create`` marks the call), so the
@@ -15,49 +17,46 @@ call is recorded once, below, as the chat call it became.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
-
-import orjson
+from typing import Any
 
 from ..capture import _context
 from ..capture._guard import guarded
-from ..capture._sse import EventReader
-from ._base import Translation, TranslationError
-from ._registry import apis, open_translation, refusal, upstream_message
-from ._responses import Chains
-
-if TYPE_CHECKING:
-    import httpx  # or httpx2: never imported here (instrument() imports no HTTP client)
+from ._registry import apis
 
 _process: frozenset[str] = frozenset()
-_chains: Chains | None = None
 aside: ContextVar[bool] = ContextVar("arttrace_translation_aside", default=False)
 """Set while the SDK shim stands aside for a translated call: the HTTP layer records it."""
-_SUFFIXES = (("/responses", "responses"), ("/messages", "messages"))
 
 
 def configure(value: str | Iterable[str] | None) -> None:
-    """The protocols this process translates (``instrument(translate=...)``)."""
+    """The protocols this process translates (``instrument(translate=...)``); the send hooks
+    registered, for them and for the runs that choose their own."""
     global _process
     _process = apis(value)
+    _context.set_send_hooks((_sending, _asending))
 
 
 def active() -> bool:
     """Whether any call may be translated (the first, cheapest check of every send)."""
-    return bool(_process) or _runs_translate
+    return bool(_process) or _context.runs_translate
 
 
-_runs_translate = False
+def _sending(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    if not active():
+        return None
+    from . import _send  # httpx is imported (this is its send): what needs it can load
+
+    return _send.send(wrapped, instance, args, kwargs)
 
 
-def run_translates() -> None:
-    """A run chose its own protocols (``trajectory(..., translate=...)``): from now on every
-    send looks at the current run."""
-    global _runs_translate
-    _runs_translate = True
+def _asending(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    if not active():
+        return None
+    from . import _send
+
+    return _send.asend(wrapped, instance, args, kwargs)
 
 
 def apis_here() -> frozenset[str]:
@@ -65,25 +64,6 @@ def apis_here() -> frozenset[str]:
     run = _context.current_trajectory_var.get()
     own: frozenset[str] | None = getattr(run, "translate", None) if run is not None else None
     return _process if own is None else own
-
-
-def chains() -> Chains:
-    """This process's ``previous_response_id`` chains."""
-    global _chains
-    if _chains is None:
-        _chains = Chains()
-    return _chains
-
-
-def api_of(method: str, path: str) -> str | None:
-    """The protocol a request speaks, if it is translated here (``None``: send it as is)."""
-    if method.upper() != "POST":
-        return None
-    path = path.rstrip("/")
-    for suffix, api in _SUFFIXES:
-        if path.endswith(suffix) and "/threads/" not in path:  # not the Assistants API's
-            return api if api in apis_here() else None
-    return None
 
 
 # -- the OpenAI SDK shim stands aside -----------------------------------------------------------
@@ -119,9 +99,11 @@ def _unwrap_aside(cls: Any) -> None:
 
 def reset() -> None:
     """Translate nothing, as before :func:`arttrace.instrument`: no protocol, no run's choice
-    looked at, the wrappers of :func:`stand_aside` removed."""
-    global _process, _runs_translate
-    _process, _runs_translate = frozenset(), False
+    looked at, no send hook, the wrappers of :func:`stand_aside` removed."""
+    global _process
+    _process = frozenset()
+    _context.runs_translate = False
+    _context.set_send_hooks(None)
     restore()
 
 
@@ -171,162 +153,3 @@ async def _acreate_aside(wrapped: Any, args: Any, kwargs: dict[str, Any]) -> Any
 
 _create._aside = True  # type: ignore[attr-defined]
 _acreate._aside = True  # type: ignore[attr-defined]
-
-
-# -- the translated send ------------------------------------------------------------------------
-
-
-class Translated:
-    """One translated httpx call: the chat request to send, and the agent's answer made from
-    the upstream's (see the module doc)."""
-
-    def __init__(
-        self, api: str, request: httpx.Request, translation: Translation, lib: Any
-    ) -> None:
-        self.api, self.request, self.translation = api, request, translation
-        self.lib = lib
-        """httpx, or httpx2 (its fork, which the anthropic SDK sends through)."""
-
-    @staticmethod
-    def open(api: str, request: httpx.Request, lib: Any) -> Translated | httpx.Response:
-        """The translation of ``request``, or the agent's 400 if it cannot be translated."""
-        try:
-            body = orjson.loads(request.content)
-            if not isinstance(body, dict):
-                raise TranslationError("the request body is not a JSON object")
-            return Translated(api, request, open_translation(api, body, chains()), lib)
-        except (TranslationError, orjson.JSONDecodeError) as error:
-            message = f"arttrace: {error}"
-            response: httpx.Response = lib.Response(
-                400,
-                headers={"content-type": "application/json"},
-                content=refusal(api, 400, message),
-                request=request,
-            )
-            return response
-
-    def chat_request(self, body: bytes) -> httpx.Request:
-        """The upstream's Chat Completions request, with ``body``, the caller's headers (an
-        Anthropic ``x-api-key`` as ``Authorization``), through the same client."""
-        request = self.request
-        path = request.url.path.rstrip("/")
-        suffix = "/responses" if self.api == "responses" else "/messages"
-        url = request.url.copy_with(path=path[: -len(suffix)] + "/chat/completions", query=None)
-        headers = request.headers.copy()
-        if self.api == "messages":
-            key = headers.get("x-api-key")
-            if key is not None:
-                del headers["x-api-key"]
-                if "authorization" not in headers:
-                    headers["authorization"] = f"Bearer {key}"
-        headers["content-length"] = str(len(body))
-        headers["accept"] = "text/event-stream" if self.translation.stream else "application/json"
-        chat: httpx.Request = self.lib.Request(
-            "POST", url, headers=headers, content=body, extensions=request.extensions
-        )
-        return chat
-
-    # -- the answer ------------------------------------------------------------------------
-
-    def error_response(self, status: int, data: bytes) -> httpx.Response:
-        t = self.translation
-        out = (
-            refusal(t.api, status, upstream_message(status, data))
-            if t.stream
-            else t.error(status, data)
-        )
-        return self._response(status, "application/json", content=out)
-
-    def whole(self, data: bytes) -> httpx.Response:
-        t = self.translation
-        if not t.stream:
-            body = orjson.dumps(t.answer(orjson.loads(data)))
-            return self._response(200, "application/json", content=body)
-        # a stream read whole (a client that did not stream the body): translated at once
-        return self._response(200, "text/event-stream", content=b"".join(self.events([data])))
-
-    def streamed(self, upstream: httpx.Response, is_async: bool) -> httpx.Response:
-        sync_stream, async_stream = _streams(self.lib)
-        stream: Any = async_stream(self, upstream) if is_async else sync_stream(self, upstream)
-        return self._response(200, "text/event-stream", stream=stream)
-
-    def _response(self, status: int, kind: str, **body: Any) -> httpx.Response:
-        response: httpx.Response = self.lib.Response(
-            status, headers={"content-type": kind}, request=self.request, **body
-        )
-        return response
-
-    def events(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
-        """The agent's stream for the upstream's stream ``pieces``."""
-        translator = _Stream(self.translation)
-        yield translator.start()
-        for piece in pieces:
-            out = translator.feed(piece)
-            if out:
-                yield out
-        yield translator.end()
-
-
-class _Stream:
-    """The upstream's SSE bytes in, the agent's SSE bytes out."""
-
-    def __init__(self, translation: Translation) -> None:
-        self.t = translation
-        self.reader = EventReader()
-        self.failed = False
-
-    def start(self) -> bytes:
-        return self.t.start()
-
-    def feed(self, piece: bytes) -> bytes:
-        out = bytearray()
-        for data in self.reader.feed(piece):
-            if data == b"[DONE]" or self.failed:
-                continue
-            chunk = orjson.loads(data)
-            if isinstance(chunk, dict) and "error" in chunk:  # vLLM's error mid-stream
-                self.failed = True
-                out += self.t.error(500, data)
-                continue
-            out += self.t.chunk(chunk)
-        return bytes(out)
-
-    def end(self) -> bytes:
-        return b"" if self.failed else self.t.end()
-
-
-@functools.cache
-def _streams(lib: Any) -> tuple[type[Any], type[Any]]:
-    """The stream classes of ``lib`` (its responses accept only its own)."""
-    return (
-        type("_SyncStream", (_SyncStream, lib.SyncByteStream), {}),
-        type("_AsyncStream", (_AsyncStream, lib.AsyncByteStream), {}),
-    )
-
-
-class _SyncStream:
-    def __init__(self, translated: Translated, upstream: httpx.Response) -> None:
-        self.translated, self.upstream = translated, upstream
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self.translated.events(self.upstream.iter_bytes())
-
-    def close(self) -> None:
-        self.upstream.close()
-
-
-class _AsyncStream:
-    def __init__(self, translated: Translated, upstream: httpx.Response) -> None:
-        self.translated, self.upstream = translated, upstream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        translator = _Stream(self.translated.translation)
-        yield translator.start()
-        async for piece in self.upstream.aiter_bytes():
-            out = translator.feed(piece)
-            if out:
-                yield out
-        yield translator.end()
-
-    async def aclose(self) -> None:
-        await self.upstream.aclose()

@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 
 from .._errors import ConfigurationError
+from ..capture import _context
 from ._base import Translation, TranslationError, upstream_error
 from ._responses import Chains, ResponsesTranslation
 
-APIS = ("responses", "messages")
-"""The protocols arttrace translates, by the last segment of their path (``/v1/responses``,
-``/v1/messages``)."""
+APIS = _context.TRANSLATABLE
+"""The protocols arttrace translates (named in capture, which checks a run's choice)."""
 
 
 def apis(value: str | Iterable[str] | None) -> frozenset[str]:
@@ -28,15 +28,7 @@ def apis(value: str | Iterable[str] | None) -> frozenset[str]:
     :class:`ConfigurationError` saying which names are."""
     if value is None:
         return frozenset()
-    names = value.split(",") if isinstance(value, str) else list(value)
-    chosen = frozenset(str(n).strip().lower() for n in names if str(n).strip())
-    unknown = sorted(chosen - set(APIS))
-    if unknown:
-        raise ConfigurationError(
-            f"translate: arttrace cannot translate {', '.join(map(repr, unknown))}; it "
-            f"translates {' and '.join(map(repr, APIS))} (the Responses API and Anthropic "
-            "Messages) into Chat Completions"
-        )
+    chosen = _context.translate_names(value)
     for name in chosen:
         missing = _missing(name)
         if missing is not None:
