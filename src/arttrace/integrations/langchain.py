@@ -124,28 +124,14 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
                 ),
             )
 
-    def on_llm_end(
-        self,
-        response: LLMResult,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         run = _runs.pop(run_id) if self.active else None
         if run is not None and run.call is not None:
             with guarded("LangChain's on_llm_end", run.call.lost):
                 _finish(run.call, response)
 
     @_guard
-    def on_llm_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = _runs.pop(run_id) if self.active else None
         if run is not None and run.call is not None:
             run.call.raised(error)
@@ -184,27 +170,13 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
             )
 
     @_guard
-    def on_chain_end(
-        self,
-        outputs: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = _runs.pop(run_id) if self.active else None
         if run is not None and run.span is not None:
             end_span(run.span)
 
     @_guard
-    def on_chain_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = _runs.pop(run_id) if self.active else None
         if run is not None and run.span is not None:
             steers = {c.__name__ for c in type(error).__mro__} & _CONTROL_FLOW
@@ -212,16 +184,7 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
 
     @_guard
     def on_tool_start(
-        self,
-        serialized: dict[str, Any] | None,
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        inputs: dict[str, Any] | None = None,
-        **kwargs: Any,
+        self, serialized: Any, input_str: str, *, run_id: UUID, **kwargs: Any
     ) -> None:
         if not self.active or not _context.recording():
             return
@@ -233,28 +196,14 @@ class ArttraceCallbackHandler(BaseCallbackHandler):
             "execute_tool",
             name,
             FRAMEWORK,
-            parent=_children_span(parent_run_id),
+            parent=_children_span(kwargs.get("parent_run_id")),
             attributes={"gen_ai.tool.call.id": kwargs.get("tool_call_id")},
         )
 
-    def on_tool_end(
-        self,
-        output: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.on_chain_end(output, run_id=run_id)
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.on_chain_end(output, run_id=run_id)  # a tool's run ends as a chain's does
 
-    def on_tool_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.on_chain_error(error, run_id=run_id)
 
 

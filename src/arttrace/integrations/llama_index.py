@@ -25,6 +25,7 @@ import sys
 import threading
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from llama_index.core.base.llms.base import BaseLLM
@@ -95,31 +96,19 @@ class _Node:
         self.llm: Any = None
 
 
+@dataclass(slots=True, eq=False)
 class _Pending:
     """A chat call between its start and end events."""
 
-    __slots__ = (
-        "call",
-        "finish_reason",
-        "logprobs",
-        "prompt_token_ids",
-        "response_id",
-        "response_model",
-        "streamed",
-        "token_ids",
-        "usage",
-    )
-
-    def __init__(self, call: FrameworkCall) -> None:
-        self.call = call
-        self.streamed = False
-        self.logprobs: list[dict[str, Any]] | None = None
-        self.token_ids: list[int] | None = None
-        self.prompt_token_ids: list[int] | None = None
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.response_id: str | None = None
-        self.response_model: str | None = None
+    call: FrameworkCall
+    streamed: bool = False
+    logprobs: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    response_id: str | None = None
+    response_model: str | None = None
 
     def absorb(self, raw: Any) -> None:
         """Fold a raw OpenAI-form completion, or one chunk of a stream, into the record."""
@@ -217,49 +206,11 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
     def span_enter(
         self,
         id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
+        bound_args: inspect.BoundArguments | None,
+        instance: Any = None,
         parent_id: str | None = None,
         tags: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> None:
-        self._enter(id_, bound_args, instance, parent_id)
-
-    @_guard
-    def span_exit(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        result: Any | None = None,
-        **kwargs: Any,
-    ) -> None:
-        node = self._state.nodes.pop(id_)
-        if node is not None and node.span is not None:
-            failed = getattr(result, "is_error", False) is True  # a ToolOutput reporting an error
-            end_span(node.span, str(getattr(result, "content", "")) if failed else None)
-
-    @_guard
-    def span_drop(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        err: BaseException | None = None,
-        **kwargs: Any,
-    ) -> None:
-        node = self._state.nodes.pop(id_)
-        if node is not None and node.span is not None:
-            end_span(node.span, err)
-        # A chat call that raised (streams report ExceptionEvent).
-        while (pending := self._state.pending.pop(id_)) is not None:
-            if err is not None:
-                pending.call.raised(err)
-            else:
-                pending.call.abandon("the call was interrupted")
-
-    def _enter(
-        self, id_: str, bound_args: inspect.BoundArguments, instance: Any, parent_id: str | None
     ) -> None:
         state = self._state
         node = _Node(parent_id)
@@ -290,43 +241,38 @@ class ArttraceSpanHandler(BaseSpanHandler[BaseSpan]):
                 node.span = step_span("invoke_agent", node.agent, FRAMEWORK, parent=parent)
         state.nodes.push(id_, node)
 
+    @_guard
+    def span_exit(
+        self, id_: str, bound_args: Any, instance: Any = None, result: Any = None, **_: Any
+    ) -> None:
+        node = self._state.nodes.pop(id_)
+        if node is not None and node.span is not None:
+            failed = getattr(result, "is_error", False) is True  # a ToolOutput reporting an error
+            end_span(node.span, str(getattr(result, "content", "")) if failed else None)
+
+    @_guard
+    def span_drop(self, id_: str, *_: Any, err: BaseException | None = None, **__: Any) -> None:
+        node = self._state.nodes.pop(id_)
+        if node is not None and node.span is not None:
+            end_span(node.span, err)
+        # A chat call that raised (streams report ExceptionEvent).
+        while (pending := self._state.pending.pop(id_)) is not None:
+            if err is not None:
+                pending.call.raised(err)
+            else:
+                pending.call.abandon("the call was interrupted")
+
     def close(self) -> None:
         """End the spans still open (the dispatcher shuts down, or arttrace detaches)."""
         for node in self._state.nodes.remove():
             if node.span is not None:
                 end_span(node.span)
 
+    def _unused(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
     # BaseSpanHandler's abstract hooks: the three entry points above replace them.
-    def new_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        parent_span_id: str | None = None,
-        tags: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> BaseSpan | None:
-        return None
-
-    def prepare_to_exit_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        result: Any | None = None,
-        **kwargs: Any,
-    ) -> BaseSpan | None:
-        return None
-
-    def prepare_to_drop_span(
-        self,
-        id_: str,
-        bound_args: inspect.BoundArguments,
-        instance: Any | None = None,
-        err: BaseException | None = None,
-        **kwargs: Any,
-    ) -> BaseSpan | None:
-        return None
+    new_span = prepare_to_exit_span = prepare_to_drop_span = _unused
 
 
 class ArttraceEventHandler(BaseEventHandler):
