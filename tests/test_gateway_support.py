@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from arttrace._asgi_server import ServerThread
 from arttrace.testing import ScriptedLLM
-from arttrace.testing.llm import StreamCut
+from arttrace.testing._llm import StreamCut
 
 Failure = Callable[[dict[str, str], dict[str, Any]], tuple[int, dict[str, Any]] | None]
 

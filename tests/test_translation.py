@@ -28,8 +28,7 @@ from pydantic import TypeAdapter
 
 import arttrace as at
 from arttrace.capture import _warnings
-from arttrace.testing import LLMServer, Reply, ToolCall, serve
-from arttrace.testing.llm import ScriptExhausted
+from arttrace.testing import LLMServer, Reply, ScriptExhausted, ToolCall, serve
 from arttrace.translation import Chains, ResponsesTranslation, TranslationError
 from conftest import warnings_are_errors
 from served import KeptLLM

@@ -3,8 +3,8 @@
 :meth:`ScriptedLLM.handle` as a respx side effect)."""
 
 from .._tokenizers._chat import ChatTokenizer, Completion, HFChatTokenizer, SimpleChatTokenizer
-from .llm import Reply, ScriptedLLM, ScriptExhausted, ToolCall, echo
-from .server import LLMServer, serve
+from ._llm import Reply, ScriptedLLM, ScriptExhausted, ToolCall, echo
+from ._server import LLMServer, serve
 
 __all__ = [
     "ChatTokenizer",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture._responses import LOGPROBS_INCLUDE, RESPONSE_MESSAGES, chat_tools, input_messages
-from .llm import ScriptedLLM
+from ._llm import ScriptedLLM
 
 Answer = tuple[int, dict[str, Any] | None, Iterator[bytes] | None]
 

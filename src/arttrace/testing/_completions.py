@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .llm import ScriptedLLM
+from ._llm import ScriptedLLM
 
 Answer = tuple[int, dict[str, Any] | None, Iterator[bytes] | None]
 

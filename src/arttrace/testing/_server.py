@@ -1,6 +1,6 @@
 """The scripted model over real HTTP on 127.0.0.1, in a background thread: Chat Completions
-(``/v1/chat/completions``), the Responses API (``/v1/responses``, :mod:`.responses`) and
-legacy Completions (``/v1/completions``, :mod:`.completions`), each answered as vLLM does."""
+(``/v1/chat/completions``), the Responses API (``/v1/responses``, :mod:`._responses`) and
+legacy Completions (``/v1/completions``, :mod:`._completions`), each answered as vLLM does."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Self
 
-from .completions import CompletionsAPI
-from .llm import ScriptedLLM, StreamCut
-from .responses import ResponsesAPI
+from ._completions import CompletionsAPI
+from ._llm import ScriptedLLM, StreamCut
+from ._responses import ResponsesAPI
 
 Route = Callable[[dict[str, Any]], tuple[int, dict[str, Any] | None, Iterator[bytes] | None]]
 
