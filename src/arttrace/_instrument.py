@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
-from . import integrations
 from .capture import _context, _http, _imports, _threads
 from .capture._calls import Settings
+from .integrations import _hooks
 
 if TYPE_CHECKING:
     import openai
@@ -60,7 +60,7 @@ def instrument(
     _context.set_shim_settings(Settings(request_training_data, export_tokens))
     _imports.when_imported("openai", _patch_openai)
     _threads.install()
-    integrations.hook_frameworks()
+    _hooks.hook_frameworks()
     _http.install()
     # Outside the shim's wrapper, for calls that instrument() or a run translates: such a call
     # is recorded below it, as the Chat Completions call it becomes.
@@ -78,7 +78,7 @@ def uninstrument() -> None:
     from .translation import _inprocess
 
     _inprocess.reset()
-    integrations.unhook_frameworks()
+    _hooks.unhook_frameworks()
     _threads.uninstall()
     shim = sys.modules.get(_SHIM)
     if shim is not None:
