@@ -43,12 +43,12 @@ from starlette.routing import Route
 
 import arttrace as at
 from arttrace._asgi_server import ServerThread
+from arttrace._journal import Journal
 from arttrace.app._args import HelpFormatter
 from arttrace.app.export_command import add_export_command
 from arttrace.capture import _warnings
 from arttrace.exports import ExportError, export_otlp, export_parquet, export_sft
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace._journal import Journal
 from conftest import TOOLS
 
 SECRET = "sk-live-0123456789abcdefXYZ"
@@ -562,7 +562,7 @@ def test_otlp_refused_batch_is_an_error_without_the_headers(
 def command(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="arttrace", formatter_class=HelpFormatter)
     commands = parser.add_subparsers(dest="command")
-    add_export_command(commands, HelpFormatter)
+    add_export_command(commands)
     args = parser.parse_args(["export", *argv])
     return int(args.run(args, commands.choices["export"]))
 

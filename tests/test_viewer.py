@@ -841,11 +841,10 @@ def test_the_view_command_serves_and_opens_a_browser_only_where_there_is_a_displ
         sys.executable,
         "-c",
         "import argparse, sys\n"
-        "from arttrace.app._args import HelpFormatter\n"
         "from arttrace.app.view_command import add_view_command\n"
         "parser = argparse.ArgumentParser(prog='arttrace')\n"
         "commands = parser.add_subparsers(dest='command')\n"
-        "add_view_command(commands, HelpFormatter)\n"
+        "add_view_command(commands)\n"
         "args = parser.parse_args(sys.argv[1:])\n"
         "sys.exit(args.run(args, commands.choices['view']))\n",
         "view",

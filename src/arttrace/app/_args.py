@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,28 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         return action.help if action.default is None else super()._get_help_string(action)
+
+
+class _KeepLines(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The shared layout; the description (wrapped once, here) and the epilog of examples keep
+    their line breaks."""
+
+
+def add_command(
+    subparsers: Any, name: str, summary: str, description: str, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """Register the command ``name`` on the ``arttrace`` command's subparsers, with the shared
+    layout: ``summary`` in ``arttrace --help``, ``description`` in ``arttrace NAME --help``,
+    then ``epilog`` (examples, their line breaks kept) when there is one."""
+    kept = epilog is not None
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, 79) if kept else description,
+        epilog=epilog,
+        formatter_class=_KeepLines if kept else HelpFormatter,
+    )
+    return parser
 
 
 def checked(

@@ -1,6 +1,6 @@
 """The ``arttrace`` command: one subcommand per job, each registered by a function below.
 
-To add a command, write ``_add_<name>(commands)`` that calls :func:`_command` and sets
+To add a command, write ``_add_<name>(commands)`` that calls :func:`._args.add_command` and sets
 ``run`` (a function of the parsed arguments and the parser, returning the exit code), and
 list it in ``_COMMANDS``. Help texts are plain text; every option with a default shows it,
 and one without (``None``) says in its help what happens without it. A command checks what it
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .._errors import ConfigurationError
 from . import gateway_command, serve_test_model
-from ._args import HelpFormatter
+from ._args import HelpFormatter, add_command
 from ._demo_checks import CPU_EXTRA, check_options, check_out, check_server, missing_cpu_module
 from .export_command import add_export_command
 from .runs_command import add_runs_command
@@ -77,22 +77,11 @@ def _build() -> tuple[argparse.ArgumentParser, _Subcommands]:
     return parser, commands
 
 
-def _command(
-    commands: _Subcommands, name: str, summary: str, description: str
-) -> argparse.ArgumentParser:
-    """A subcommand with the shared formatter: ``summary`` in ``arttrace --help``,
-    ``description`` in ``arttrace <name> --help``."""
-    parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=summary, description=description, formatter_class=HelpFormatter
-    )
-    return parser
-
-
 # -- arttrace demo -------------------------------------------------------------------------
 
 
 def _add_demo(commands: _Subcommands) -> None:
-    demo = _command(
+    demo = add_command(
         commands,
         "demo",
         "train a plain OpenAI agent with GRPO on this machine's CPU, offline",

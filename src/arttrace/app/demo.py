@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import openai
 
-import arttrace as at
-from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-
-from ..training._journal import Journal
+from .._instrument import instrument
+from .._journal import Journal
+from ..capture._trainable import trainable
+from ..testing import Reply, ScriptedLLM, ToolCall, serve
 from ._demo_checks import MARKER, check_options, check_out
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def scripted_model(seed: int) -> ScriptedLLM:
 
 
 def make_agent(client: openai.AsyncOpenAI) -> Any:
-    @at.trainable
+    @trainable
     async def calculator(question: str) -> str:
         messages: list[Any] = [
             {"role": "system", "content": "You are a calculator. Use the add tool."},
@@ -156,7 +156,7 @@ async def run_dry_run_demo(
     loads) in the background, as a user's script can (``Trainer(model=factory)``).
     """
     fresh(out)
-    at.instrument()
+    instrument()
     rng = random.Random(seed)
     dataset = [
         {"id": f"q-{i}", "a": rng.randint(1, 50), "b": rng.randint(1, 50)} for i in range(examples)
@@ -181,9 +181,11 @@ async def run_dry_run_demo(
                 base_path=str(out / ".art"),
             )
 
-        trainer = at.Trainer(
+        from ..training import DryRunBackend, Trainer
+
+        trainer = Trainer(
             model,
-            at.DryRunBackend(out / "dry_run"),
+            DryRunBackend(out / "dry_run"),
             rollout,
             dataset,
             group_size=rollouts,

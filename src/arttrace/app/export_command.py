@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArttraceError, ConfigurationError
-from ._args import HelpFormatter, checked
+from ._args import add_command, checked
 
 _DESCRIPTION = (
     "Export recorded runs (a Trainer's output_dir, an `arttrace gateway --out` folder, a "
@@ -39,16 +39,14 @@ def _header(text: str) -> str | None:
     return "takes NAME=VALUE, e.g. --header 'Authorization=Bearer ...' (the value is not shown)"
 
 
-def add_export_command(
-    subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
-) -> None:
+def add_export_command(subparsers: Any) -> None:
     """Register ``export`` on the ``arttrace`` command's subparsers."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export",
-        help="export recorded runs as SFT data (JSONL), a Parquet table, or OTel GenAI spans "
+        "export recorded runs as SFT data (JSONL), a Parquet table, or OTel GenAI spans "
         "sent to an OTLP endpoint",
-        description=_DESCRIPTION,
-        formatter_class=formatter_class,
+        _DESCRIPTION,
     )
     parser.add_argument(
         "run_dirs",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gateway import _options
-from ._args import HelpFormatter, checked, listen_fix, port
+from ._args import add_command, checked, listen_fix, port
 
 _EPILOG = """\
 the run API (JSON):
@@ -31,24 +31,20 @@ A run's "url" is an OpenAI base URL: give it to the agent (OPENAI_BASE_URL).
 """
 
 
-class _Formatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """The shared layout; the description and the run API's epilog keep their line breaks."""
-
-
 def add_parser(subparsers: Any) -> None:
     """Register ``gateway`` on the ``arttrace`` command's subparsers."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "gateway",
-        help="serve an OpenAI-compatible gateway in front of a policy server: each run gets "
+        "serve an OpenAI-compatible gateway in front of a policy server: each run gets "
         "a URL, and every call made to it is recorded for training",
-        description="Serve an OpenAI-compatible gateway in front of a policy server, for agents "
+        "Serve an OpenAI-compatible gateway in front of a policy server, for agents "
         "you start yourself. Open a run over HTTP, give its URL to the agent as its OpenAI base "
         "URL, set the reward, close the run: each closed run is appended to the training "
         "journal under --out, which the Trainer resumes from. Keys come from the environment, "
         "not the command line: ARTTRACE_GATEWAY_TOKEN (callers must present it), "
         "ARTTRACE_UPSTREAM_API_KEY (sent to the upstream).",
-        epilog=_EPILOG,
-        formatter_class=_Formatter,
+        _EPILOG,
     )
     parser.add_argument(
         "--upstream",
@@ -77,26 +73,19 @@ def add_parser(subparsers: Any) -> None:
         default=600.0,
         help="seconds an upstream call may take",
     )
-    parser.add_argument(
-        "--allow-host",
-        action="append",
-        default=None,
-        type=checked(str, _options.host_problem),
-        metavar="NAME",
-        help="another name callers reach the gateway by (repeatable; '*': any). Without a "
-        "token, a request for any other Host is refused, so a web page cannot reach it by "
-        "DNS rebinding (default: its own address; localhost too on a loopback address)",
-    )
-    parser.add_argument(
-        "--allow-origin",
-        action="append",
-        default=None,
-        type=checked(str, _options.origin_problem),
-        metavar="ORIGIN",
-        help="a web page that may call the gateway, e.g. http://localhost:3000 (repeatable; "
-        "'*': any). Without a token, browsers' requests from other sites are refused (default: "
-        "none)",
-    )
+    allowed = {  # who may call the gateway without its token: repeatable lists
+        ("--allow-host", "NAME", _options.host_problem): "another name callers reach the "
+        "gateway by (repeatable; '*': any). Without a token, a request for any other Host is "
+        "refused, so a web page cannot reach it by DNS rebinding (default: its own address; "
+        "localhost too on a loopback address)",
+        ("--allow-origin", "ORIGIN", _options.origin_problem): "a web page that may call the "
+        "gateway, e.g. http://localhost:3000 (repeatable; '*': any). Without a token, "
+        "browsers' requests from other sites are refused (default: none)",
+    }
+    for (flag, metavar, problem), text in allowed.items():
+        parser.add_argument(
+            flag, action="append", type=checked(str, problem), metavar=metavar, help=text
+        )
     parser.add_argument(
         "--translate",
         default=None,

@@ -8,12 +8,11 @@ import dataclasses
 import json
 import math
 import sys
-import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._args import HelpFormatter
+from ._args import add_command
 
 if TYPE_CHECKING:
     from ..store import RunStore
@@ -41,18 +40,14 @@ examples:
 """
 
 
-def add_runs_command(
-    subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
-) -> None:
+def add_runs_command(subparsers: Any) -> None:
     """Register ``runs`` on the ``arttrace`` command's subparsers."""
-    # The shared layout, with the examples' line breaks kept.
-    formatter = type("RunsFormatter", (formatter_class, argparse.RawDescriptionHelpFormatter), {})
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "runs",
-        help="summarise run folders (Trainer, gateway, saved trajectories) and query their runs",
-        description=textwrap.fill(_DESCRIPTION, 79),
-        epilog=_EPILOG,
-        formatter_class=formatter,
+        "summarise run folders (Trainer, gateway, saved trajectories) and query their runs",
+        _DESCRIPTION,
+        _EPILOG,
     )
     parser.add_argument(
         "run_dirs",

@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from ._args import HelpFormatter, port
+from ._args import add_command, port
 
 if TYPE_CHECKING:  # arttrace.testing loads httpx: not on every `arttrace` command's way
     from ..testing import Reply, ScriptedLLM
@@ -91,17 +91,17 @@ def quiz_model() -> ScriptedLLM:
 
 def add_parser(subparsers: Any) -> None:
     """Register ``serve-test-model`` on the ``arttrace`` command's subparsers."""
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "serve-test-model",
-        help="serve a scripted vLLM-like model on 127.0.0.1, to run the docs' examples with no "
+        "serve a scripted vLLM-like model on 127.0.0.1, to run the docs' examples with no "
         "model server of your own",
-        description="Serve arttrace's scripted vLLM-compatible model (arttrace.testing) on "
+        "Serve arttrace's scripted vLLM-compatible model (arttrace.testing) on "
         "127.0.0.1 until Ctrl-C: Chat Completions, Responses and Completions, with logprobs "
         "and token ids as vLLM returns them. It knows a few capitals and small sums and gets "
         "each question right every other time, so the runs of one example earn different "
         "rewards; anything else it echoes. Point OPENAI_BASE_URL at the URL it prints "
         "(OPENAI_API_KEY may be anything).",
-        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--port", type=port, default=DEFAULT_PORT, help="port to listen on (0: any free port)"

@@ -14,7 +14,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from ._args import HelpFormatter, listen_fix, port
+from ._args import add_command, listen_fix, port
 
 DEFAULT_PORT = 8788
 _DESCRIPTION = (
@@ -27,15 +27,13 @@ _DESCRIPTION = (
 )
 
 
-def add_view_command(
-    subparsers: Any, formatter_class: type[argparse.HelpFormatter] = HelpFormatter
-) -> None:
+def add_view_command(subparsers: Any) -> None:
     """Register ``view`` on the ``arttrace`` command's subparsers."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "view",
-        help="browse run folders in a local web app: rewards, groups, each run's tokens",
-        description=_DESCRIPTION,
-        formatter_class=formatter_class,
+        "browse run folders in a local web app: rewards, groups, each run's tokens",
+        _DESCRIPTION,
     )
     parser.add_argument(
         "run_dirs",
