@@ -54,8 +54,8 @@ import art
 import openai
 
 import arttrace as at
-from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from arttrace._journal import Journal
+from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 
 # where the Trainer's phases live (private modules: the bench follows them when they move)
 step_module = importlib.import_module("arttrace.training._step")  # build_groups

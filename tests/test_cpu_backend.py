@@ -18,9 +18,9 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 
 import arttrace as at
 from arttrace._errors import ConfigurationError
+from arttrace._journal import Journal
 from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
 from arttrace.training._cpu_model import attention_pattern
-from arttrace._journal import Journal
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

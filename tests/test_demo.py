@@ -12,9 +12,9 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
+from arttrace._journal import Journal
 from arttrace.app.cli import build_parser, main
 from arttrace.testing import ScriptedLLM, serve
-from arttrace._journal import Journal
 
 
 def run(*args: str) -> int:

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 import arttrace as at
+from arttrace._journal import Journal
 from arttrace.gateway import Gateway
 from arttrace.testing import ScriptedLLM, serve
-from arttrace._journal import Journal
 from test_gateway_support import RecordingUpstream
 
 BODY = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}

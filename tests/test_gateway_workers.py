@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from arttrace.testing import serve
 from arttrace._journal import Journal
+from arttrace.testing import serve
 from served import KeptLLM
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="workers share the port on Linux")

@@ -24,8 +24,8 @@ import pytest
 import arttrace as at
 from art_server import FakeServerlessAPI
 from arttrace._errors import ConfigurationError
-from arttrace.testing import LLMServer, Reply, ScriptedLLM
 from arttrace._journal import Journal
+from arttrace.testing import LLMServer, Reply, ScriptedLLM
 from test_resume import Hangs, SteppingBackend
 from test_trainer import Agent, RecordingBackend, dataset, journaled, make
 

@@ -28,6 +28,7 @@ import pytest
 import arttrace as at
 from arttrace import store as run_store
 from arttrace._errors import ConfigurationError, JournalError
+from arttrace._journal import Journal
 from arttrace.app import runs_command as runs
 from arttrace.capture import _warnings
 from arttrace.capture._art import trainable_tokens
@@ -40,7 +41,6 @@ from arttrace.store import (
     open_run,
 )
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace._journal import Journal
 
 SYSTEM = "You are a calculator named Quillby. Use the add tool."
 TOOLS = [
@@ -450,6 +450,25 @@ def test_a_damaged_line_is_the_journals_error_naming_file_and_line(
     with pytest.raises(JournalError, match="line 5"):  # and said again on every refresh
         store.refresh()
     store.close()
+
+
+def test_a_folder_without_recorded_decisions_opens(trained: Path, tmp_path: Path) -> None:
+    """A run folder written before the Trainer recorded each group's decision: the reasons
+    its runs tell are shown, the others are said to be unrecorded."""
+    run = copied(trained, tmp_path)
+    shipped = run / "journal" / "step-00000" / "shipped.json"
+    record = json.loads(shipped.read_text())
+    assert len(record.pop("decisions")) == len(KINDS)
+    shipped.write_text(json.dumps(record))
+    with open_run(run) as store:
+        groups = {g.example_id.split("-")[0]: g for g in store.groups(0)}
+        assert groups["flat"].why_not == "flat: every run got the same reward"
+        assert groups["aborted"].why_not == f"no trainable token: {CAUSE_ABORTED}"
+        for kind in ("ok", "ok2", "small"):
+            assert not groups[kind].shipped
+            assert (groups[kind].why_not or "").startswith("not recorded: the step shipped")
+        assert groups["raises"].advantages[0] is None
+        assert [g.shipped for g in store.groups(1)].count(True) == 2  # recorded
 
 
 def test_a_step_set_aside_is_followed(trained: Path, tmp_path: Path) -> None:

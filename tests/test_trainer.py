@@ -18,8 +18,8 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
-from arttrace.testing import Reply, ScriptedLLM
 from arttrace._journal import Journal
+from arttrace.testing import Reply, ScriptedLLM
 
 
 class RecordingBackend:

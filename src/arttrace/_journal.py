@@ -8,7 +8,13 @@ Layout under ``output_dir`` (it holds prompts: folders are created ``0o700``, fi
     metrics.jsonl, validation.jsonl        one line per step, one per validation
     journal/step-00003/rollouts.jsonl      step 3: one line per finished rollout
     journal/step-00003/shipping.json       synced to disk before ``backend.train`` is called
-    journal/step-00003/shipped.json        written once the step's groups were trained on
+    journal/step-00003/shipped.json        written once the step's groups were trained on,
+                                           with what the Trainer decided for each group
+
+``shipped.json``'s ``decisions`` holds, per example position, what the Trainer decided for
+its group: ``why_not`` (``None``: shipped; else a :data:`WhyNot`), ``advantages`` (ART's, by
+rollout; ``None`` for a run it did not group) and ``rank`` (its place in the curriculum's
+order; ``None`` without one). Run folders written before arttrace recorded it have none.
 
 Durability contract:
 
@@ -40,9 +46,11 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import orjson
 
@@ -207,6 +215,24 @@ def append_line(path: Path, record: dict[str, Any], *, sync: bool = True) -> Non
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- each group's decision ----------------------------------------------------------------
+
+WhyNot = Literal["failed", "flat", "below_min_spread", "no_trainable_token", "curriculum"]
+"""Why a group did not ship: fewer than two runs scored, rewards all equal, a spread below
+``min_reward_spread``, no trainable token, or left out by the curriculum."""
+
+
+def advantages(rewards: Sequence[float]) -> list[float]:
+    """ART's advantages (``tokenize_trajectory_groups``, ``scale_rewards=True``)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    if len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:]):
+        return [0.0] * len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 # -- one process at a time -----------------------------------------------------------------

@@ -4,9 +4,10 @@ group and trajectory (the full run is read from its file on demand: ``RunStore.t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Kind = Literal["trainer", "gateway", "saved"]
 
@@ -23,6 +24,19 @@ def _number(metrics: dict[str, Any], key: str) -> float | None:
 def _count(metrics: dict[str, Any], key: str) -> int:
     value = _number(metrics, key)
     return 0 if value is None else int(value)
+
+
+def _from_metrics[R](cls: Callable[..., R], metrics: dict[str, Any], **keys: str) -> R:
+    """A row of a metrics line: each field from the key of its name (or of ``keys``), an
+    ``int`` field a count, the others a number or ``None``; ``metrics``, the whole line."""
+    return cls(
+        **{
+            f.name: (_count if f.type == "int" else _number)(metrics, keys.get(f.name, f.name))
+            for f in fields(cast("type[Any]", cls))
+            if f.name != "metrics"
+        },
+        metrics=metrics,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +70,7 @@ class StepRow:
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, Any]) -> StepRow:
-        return cls(
-            step=_count(metrics, "step"),
-            epoch=_count(metrics, "epoch"),
-            reward_mean=_number(metrics, "reward_mean"),
-            reward_std=_number(metrics, "reward_std"),
-            groups_total=_count(metrics, "groups_total"),
-            groups_kept=_count(metrics, "groups_kept"),
-            groups_dropped=_count(metrics, "groups_dropped"),
-            trainable_tokens=_count(metrics, "trainable_tokens"),
-            loss=_number(metrics, "train/loss"),
-            rollout_seconds=_number(metrics, "rollout_seconds"),
-            train_seconds=_number(metrics, "train_seconds"),
-            policy_lag=_number(metrics, "off_policy_steps_mean"),
-            metrics=metrics,
-        )
+        return _from_metrics(cls, metrics, loss="train/loss", policy_lag="off_policy_steps_mean")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +88,7 @@ class ValidationRow:
 
     @classmethod
     def from_metrics(cls, metrics: dict[str, Any]) -> ValidationRow:
-        return cls(
-            step=_count(metrics, "step"),
-            reward_mean=_number(metrics, "reward_mean"),
-            reward_std=_number(metrics, "reward_std"),
-            examples=_count(metrics, "examples"),
-            exceptions=_count(metrics, "exceptions"),
-            metrics=metrics,
-        )
+        return _from_metrics(cls, metrics)
 
 
 @dataclass(frozen=True, slots=True)

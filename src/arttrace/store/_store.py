@@ -11,11 +11,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 from .._errors import ConfigurationError, JournalError
-from .._journal import loads, read_json
+from .._journal import advantages, loads, read_json
 from ..capture._trajectory import Trajectory
 from . import _scan
 from ._index import SEPARATOR, Index
@@ -37,6 +36,13 @@ _COLUMNS = (
     "worker_pid, files.path, runs.start, length, runs.set_aside"
 )
 _FROM = "runs JOIN files ON files.id = runs.file_id"
+_WHY_NOT = {
+    "flat": "flat: every run got the same reward",
+    "below_min_spread": "flat: reward spread {spread:.4g} is below min_reward_spread",
+    "curriculum": "excluded by the curriculum",
+}
+"""The words for a :data:`~arttrace._journal.WhyNot` (``failed``, ``no_trainable_token``: see
+``_Shipping._why_not``)."""
 _TOKEN = re.compile(r"[^\W_]+")
 """A token as SQLite's unicode61 tokenizer sees one: a run of letters and digits."""
 
@@ -55,6 +61,30 @@ def open_run(path: str | os.PathLike[str]) -> RunStore:
         store.close()
         raise
     return store
+
+
+class Filters(TypedDict, total=False):
+    """The filters of :meth:`RunStore.trajectories` and :meth:`RunStore.count`; a run passes
+    when it passes every one given (``None``: no filter)."""
+
+    step: int | None
+    split: str | None
+    example_id: str | None
+    min_reward: float | None
+    max_reward: float | None
+    cause: str | None
+    """An untrainable cause the run has (:meth:`RunStore.causes`)."""
+    text: str | None
+    """Every word of it appears in the run's messages (user, assistant and tool contents, tool
+    call names and arguments, reasoning; not the system prompt). With FTS5, words as SQLite's
+    tokenizer splits them (runs of letters and digits: ``"1+2"`` is ``1`` and ``2``,
+    anywhere), case- and accent-insensitive, ``word*`` a prefix; without FTS5, substrings,
+    case-insensitive for ASCII."""
+    node: str | None
+    """Made on the Ray node of that id or address."""
+
+
+_FILTERS = tuple(Filters.__annotations__)
 
 
 class RunStore:
@@ -113,12 +143,7 @@ class RunStore:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _query(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
@@ -156,51 +181,26 @@ class RunStore:
     def trajectories(
         self,
         *,
-        step: int | None = None,
-        split: str | None = None,
-        example_id: str | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        cause: str | None = None,
-        text: str | None = None,
-        node: str | None = None,
         order: str = "step",
         limit: int | None = 100,
         offset: int = 0,
+        **filters: Unpack[Filters],
     ) -> list[TrajectoryRow]:
-        """The indexed runs that pass every filter given (``text``: each word in the run's
-        messages, see :meth:`count`; ``node``: made on the Ray node of that id or address),
-        in ``order`` (see :data:`ORDERS`), ``limit`` from ``offset`` (``limit=None``: all)."""
+        """The indexed runs that pass every filter given (see :class:`Filters`), in ``order``
+        (see :data:`ORDERS`), ``limit`` from ``offset`` (``limit=None``: all)."""
         if order not in ORDERS:
             raise ConfigurationError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        where, params = self._where(
-            step, split, example_id, min_reward, max_reward, cause, text, node, listing=True
-        )
+        where, params = self._where(_known(filters), listing=True)
         sql = f"SELECT {_COLUMNS} FROM {_FROM}{where} ORDER BY {ORDERS[order]} LIMIT ? OFFSET ?"
         rows = self._query(sql, [*params, -1 if limit is None else limit, offset])
         return [self._row(row) for row in rows]
 
-    def count(
-        self,
-        *,
-        step: int | None = None,
-        split: str | None = None,
-        example_id: str | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        cause: str | None = None,
-        text: str | None = None,
-        node: str | None = None,
-    ) -> int:
-        """How many runs pass the filters. ``text``: every word of it appears in the run's
-        messages (user, assistant and tool contents, tool call names and arguments, reasoning;
-        not the system prompt). With FTS5, words as SQLite's tokenizer splits them (runs of
-        letters and digits: ``"1+2"`` is ``1`` and ``2``, anywhere), case- and accent-
-        insensitive, ``word*`` a prefix; without FTS5, substrings, case-insensitive for ASCII."""
+    def count(self, **filters: Unpack[Filters]) -> int:
+        """How many runs pass the filters (see :class:`Filters`)."""
         # One filter alone is counted in its own table (each of its rows is one run's): ~5x
         # faster than testing each run against it.
-        words = (text or "").split()
-        if all(v is None for v in (step, split, example_id, min_reward, max_reward, node)):
+        cause, words = _known(filters).get("cause"), (filters.get("text") or "").split()
+        if all(v is None for k, v in filters.items() if k not in ("cause", "text")):
             if cause is not None and not words:
                 return int(
                     self._query("SELECT count(*) FROM causes WHERE cause = ?", (cause,))[0][0]
@@ -209,44 +209,30 @@ class RunStore:
             if cause is None and query:
                 sql = "SELECT count(*) FROM texts WHERE texts MATCH ?"
                 return int(self._query(sql, (query,))[0][0])
-        where, params = self._where(
-            step, split, example_id, min_reward, max_reward, cause, text, node
-        )
+        where, params = self._where(filters)
         return int(self._query(f"SELECT count(*) FROM runs{where}", params)[0][0])
 
-    def _where(
-        self,
-        step: int | None,
-        split: str | None,
-        example_id: str | None,
-        min_reward: float | None,
-        max_reward: float | None,
-        cause: str | None,
-        text: str | None,
-        node: str | None = None,
-        *,
-        listing: bool = False,
-    ) -> tuple[str, list[Any]]:
+    def _where(self, filters: Filters, *, listing: bool = False) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
-        if node is not None:
+        if (node := filters.get("node")) is not None:
             clauses.append("(node_id = ? OR node_address = ?)")
             params += [node, node]
-        for clause, value in (
-            ("runs.step = ?", step),
-            ("split = ?", split),
-            ("example_id = ?", example_id),
-            ("reward >= ?", min_reward),
-            ("reward <= ?", max_reward),
+        for clause, key in (
+            ("runs.step = ?", "step"),
+            ("split = ?", "split"),
+            ("example_id = ?", "example_id"),
+            ("reward >= ?", "min_reward"),
+            ("reward <= ?", "max_reward"),
             (
                 f"{'+' if listing else ''}runs.id IN (SELECT run_id FROM causes WHERE cause = ?)",
-                cause,
+                "cause",
             ),
         ):
-            if value is not None:
+            if (value := filters.get(key)) is not None:
                 clauses.append(clause)
                 params.append(value)
-        words = (text or "").split()
+        words = (filters.get("text") or "").split()
         if words and self._index.mode == "fts5":
             query = _fts_query(words)
             # In a listing, "+" keeps SQLite on the order's index, testing each run against the
@@ -365,8 +351,7 @@ class RunStore:
         for row in rows:
             by_position.setdefault(row[1], []).append(row)
         ship = _Shipping(self, step, set_aside=bool(rows and rows[0][0]))
-        groups = [ship.group(step, position, runs) for position, runs in by_position.items()]
-        return ship.decide(groups)
+        return [ship.group(step, position, runs) for position, runs in by_position.items()]
 
     # -- the run in one line -----------------------------------------------------------------
 
@@ -400,8 +385,8 @@ class RunStore:
 
 
 class _Shipping:
-    """What the journal says of a step's shipping: ``shipped.json`` (the Trainer's per-group
-    trainable tokens, its metrics), ``shipping.json``, the curriculum's direction."""
+    """What the journal says of a step's shipping: the Trainer's decision for each group and
+    its trainable tokens (``shipped.json``), or why the step has not shipped."""
 
     def __init__(self, store: RunStore, step: int, *, set_aside: bool) -> None:
         self.kind, self.set_aside = store.kind, set_aside
@@ -413,74 +398,67 @@ class _Shipping:
         summary = self.shipped or {}
         tokens = summary.get("trainable_tokens")
         self.tokens: dict[str, int] = tokens if isinstance(tokens, dict) else {}
-        metrics = summary.get("metrics")
-        self.metrics: dict[str, Any] = metrics if isinstance(metrics, dict) else {}
-        state = read_json(store.root / "state.json") if self.kind == "trainer" else None
-        curriculum = state.get("curriculum") if isinstance(state, dict) else None
-        self.hard_first = bool(isinstance(curriculum, dict) and curriculum.get("hard_first"))
+        decisions = summary.get("decisions")
+        self.decisions: list[Any] = decisions if isinstance(decisions, list) else []
 
     def group(self, step: int, position: int, runs: list[tuple[Any, ...]]) -> GroupRow:
-        """The group's figures, and the reason it did not ship that its own runs tell."""
-        rewards = tuple(r[4] for r in runs)
-        scored = [r[4] for r in runs if r[5] is None and r[4] is not None]  # the Trainer's ok
-        mean = math.fsum(scored) / len(scored) if scored else None
+        """The group's figures, and what became of it: the Trainer's decision, or (a step not
+        decided yet, a gateway's) the reason its own runs tell."""
+        ok = [r[5] is None and r[4] is not None for r in runs]  # the runs the Trainer groups
+        scored = [r[4] for r, grouped in zip(runs, ok, strict=True) if grouped]
         spread = max(scored) - min(scored) if len(scored) > 1 else 0.0
-        advantages = _advantages(scored)
-        ordered = iter(advantages)
         example_id = str(runs[0][3])
         tokens = self.tokens.get(example_id)
         if tokens is None:
-            tokens = sum(r[6] for r in runs if r[5] is None and r[4] is not None)
-        exceptions = sum(r[5] is not None for r in runs)
-        why: str | None = None
-        if len(scored) < 2 and len(scored) < len(runs):
-            why = f"failed runs: {exceptions} of {len(runs)} raised"
-            unscored = sum(r[5] is None and r[4] is None for r in runs)
-            why += f", {unscored} have no reward" if unscored else ""
-            why += "; fewer than two runs were scored, so the group has no spread"
-        elif spread == 0:
-            why = "flat: every run got the same reward"
-        elif self.shipped is not None and example_id not in self.tokens:
-            why = f"flat: reward spread {spread:.4g} is below min_reward_spread"
-        elif tokens == 0:
-            why = "no trainable token: " + _most_common([c for r in runs for c in _split(r[7])])
+            tokens = sum(r[6] for r, grouped in zip(runs, ok, strict=True) if grouped)
+        decided = self.decisions[position] if position < len(self.decisions) else None
+        if isinstance(decided, dict) and decided.get("example_id") == example_id:
+            why, recorded = decided.get("why_not"), list(decided.get("advantages") or ())
+            by_run = [recorded[r[2]] if r[2] < len(recorded) else None for r in runs]
+        else:
+            decided, found = None, iter(advantages(scored))
+            by_run = [next(found) if grouped else None for grouped in ok]
+            why = "failed" if len(scored) < min(2, len(runs)) else "flat" if spread == 0 else None
+            why = why or ("no_trainable_token" if tokens == 0 else None)
         return GroupRow(
             step=step,
             position=position,
             example_id=example_id,
             runs=len(runs),
-            rewards=rewards,
-            reward_mean=mean,
+            rewards=tuple(r[4] for r in runs),
+            reward_mean=math.fsum(scored) / len(scored) if scored else None,
             spread=spread,
-            advantages=tuple(
-                next(ordered) if r[5] is None and r[4] is not None else None for r in runs
-            ),
+            advantages=tuple(by_run),
             trainable_tokens=tokens,
-            exceptions=exceptions,
-            shipped=False,
-            why_not=why,
+            exceptions=sum(r[5] is not None for r in runs),
+            shipped=decided is not None and why is None,
+            why_not=self._why_not(why, decided is not None, runs, spread),
         )
 
-    def decide(self, groups: list[GroupRow]) -> list[GroupRow]:
-        """Ship the groups left, as the Trainer did: the curriculum keeps ``groups_kept`` of
-        them ranked by mean reward (a stable sort, easiest first unless ``hard_first``)."""
-        candidates = [g for g in groups if g.why_not is None]
-        if self.shipped is None:
-            why = self._unshipped()
-            return [g if g.why_not else _replace(g, False, why) for g in groups]
-        kept_count = self.metrics.get("groups_kept", len(candidates))
-        ranked = sorted(candidates, key=lambda g: g.reward_mean or 0.0, reverse=not self.hard_first)
-        kept = {g.position for g in ranked[: int(kept_count)]}
-        return [
-            g
-            if g.why_not
-            else _replace(g, True, None)
-            if g.position in kept
-            else _replace(g, False, "excluded by the curriculum")
-            for g in groups
-        ]
+    def _why_not(
+        self, why: Any, decided: bool, runs: list[tuple[Any, ...]], spread: float
+    ) -> str | None:
+        """``why`` (a :data:`~arttrace._journal.WhyNot`, ``None`` if none) in words."""
+        if why == "failed":
+            raised = sum(r[5] is not None for r in runs)
+            unscored = sum(r[5] is None and r[4] is None for r in runs)
+            return (
+                f"failed runs: {raised} of {len(runs)} raised"
+                + (f", {unscored} have no reward" if unscored else "")
+                + "; fewer than two runs were scored, so the group has no spread"
+            )
+        if why == "no_trainable_token":
+            return "no trainable token: " + _most_common([c for r in runs for c in _split(r[7])])
+        if why is not None:
+            return _WHY_NOT.get(why, str(why)).format(spread=spread)
+        return None if decided else self._unshipped()
 
     def _unshipped(self) -> str:
+        if self.shipped is not None:
+            return (
+                "not recorded: the step shipped, but its run folder was written before arttrace "
+                "recorded what it decided for each group"
+            )
         if self.kind == "gateway":
             return (
                 "the step did not ship (a gateway's journal: a Trainer resuming from this "
@@ -500,23 +478,6 @@ class _Shipping:
         )
 
 
-def _advantages(rewards: list[float]) -> list[float]:
-    """ART's advantages (``tokenize_trajectory_groups``, ``scale_rewards=True``)."""
-    if not rewards:
-        return []
-    mean = sum(rewards) / len(rewards)
-    if len(rewards) <= 1 or all(abs(r - rewards[0]) <= 1e-12 for r in rewards[1:]):
-        return [0.0] * len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    return [(r - mean) / (std + 1e-6) for r in rewards]
-
-
-def _replace(group: GroupRow, shipped: bool, why: str | None) -> GroupRow:
-    from dataclasses import replace
-
-    return replace(group, shipped=shipped, why_not=why)
-
-
 def _split(causes: str) -> list[str]:
     return causes.split(SEPARATOR) if causes else []
 
@@ -526,6 +487,13 @@ def _most_common(causes: list[str]) -> str:
         return "no cause recorded"
     (cause, count), total = Counter(causes).most_common(1)[0], len(causes)
     return cause if count == total else f"{cause} ({count} of {total} causes)"
+
+
+def _known(filters: Filters) -> Filters:
+    """``filters``, a :class:`TypeError` naming one that is not a filter."""
+    if unknown := sorted(filters.keys() - Filters.__optional_keys__):
+        raise TypeError(f"unexpected filter {unknown[0]!r} (filters: {', '.join(_FILTERS)})")
+    return filters
 
 
 def _fts_query(words: list[str]) -> str:

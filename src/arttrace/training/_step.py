@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TrainingError
-from .._journal import Journal, Slot
+from .._journal import Journal, Slot, WhyNot, advantages
 from ..capture._continuity import step_continuity, warn_continuity
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
@@ -199,8 +199,15 @@ async def finish[ExampleT](
     if train_result is not None:
         metrics.update(trainer._reporter.train_metrics(step, train_result.metrics))
     per_group = {str(groups[pos].metadata["example_id"]): tokens[pos] for pos in signal}
+    ranked = shipped + excluded if schedule.curriculum is not None else []
     journal.mark_shipped(
-        step, {"groups": len(shipped), "metrics": metrics, "trainable_tokens": per_group}
+        step,
+        {
+            "groups": len(shipped),
+            "metrics": metrics,
+            "trainable_tokens": per_group,
+            "decisions": decisions(groups, finished, stale, tokens, shipped, ranked),
+        },
     )
     trainer.completed_steps = step + 1
     journal.save_state(
@@ -294,7 +301,7 @@ def build_groups(
         ok = [
             done[s].to_art(trainer._continuity_tokenizer)
             for s in slots
-            if done[s].exception is None and done[s].reward is not None and s not in left_out
+            if _grouped(done[s], s, left_out)
         ]
         exceptions = [PydanticException(**error) for s in slots if (error := done[s].exception)]
         example_id = schedule.example_id(schedule.dataset[index], index, "train")
@@ -303,6 +310,50 @@ def build_groups(
         )
         failures.append(len(exceptions))
     return groups, failures
+
+
+def _grouped(run: Trajectory, slot: Slot, left_out: Collection[Slot]) -> bool:
+    """Whether ``run`` joins its group: it did not raise, has a reward and is not left out."""
+    return run.exception is None and run.reward is not None and slot not in left_out
+
+
+def decisions(
+    groups: list[art.TrajectoryGroup],
+    runs: dict[Slot, Trajectory],
+    left_out: Collection[Slot],
+    tokens: dict[int, int],
+    shipped: list[art.TrajectoryGroup],
+    ranked: list[art.TrajectoryGroup],
+) -> list[dict[str, Any]]:
+    """What was decided for each group, by position, for the step's record (``_journal``):
+    why it did not ship (``None``: it did), its runs' advantages, its rank in ``ranked`` (the
+    curriculum's order). ``tokens``: the trainable tokens of each group with learning signal."""
+    kept, rank = {id(g) for g in shipped}, {id(g): r for r, g in enumerate(ranked)}
+    size = len(runs) // len(groups) if groups else 0
+    out = []
+    for pos, group in enumerate(groups):
+        scored = len(group.trajectories)
+        why: WhyNot | None = None
+        if pos not in tokens:  # no learning signal
+            flat: WhyNot = "flat" if not _spread(group) else "below_min_spread"
+            why = "failed" if scored < min(2, size) else flat
+        elif not tokens[pos]:
+            why = "no_trainable_token"
+        elif id(group) not in kept:
+            why = "curriculum"
+        found = iter(advantages([t.reward for t in group.trajectories]))
+        out.append(
+            {
+                "example_id": str(group.metadata["example_id"]),
+                "why_not": why,
+                "advantages": [
+                    next(found) if _grouped(runs[(pos, k)], (pos, k), left_out) else None
+                    for k in range(size)
+                ],
+                "rank": rank.get(id(group)),
+            }
+        )
+    return out
 
 
 def _synchronous_waits(rollout_seconds: float, train_seconds: float) -> dict[str, float]:
