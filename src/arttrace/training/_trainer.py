@@ -28,7 +28,7 @@ from ..executors._rollout import RewardFn, Rollout, RolloutRunner
 from ._art_import import ModelFactory, TrainerModel, start_art_import
 from ._config import TrainerConfig, check_train_kwargs, read_dataset, unexpected_keyword
 from ._curriculum import Curriculum
-from ._group import GroupReward, check_group_reward, own_reward
+from ._group import GroupRewardFn, check_group_reward, own_reward
 from ._pipeline import Pipeline
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
@@ -201,7 +201,7 @@ class Trainer[ExampleT]:
         example_id: Callable[[ExampleT], str] | None = None,
         # reward
         reward_fn: RewardFn[ExampleT] | None = None,
-        group_reward: GroupReward[ExampleT] | None = None,
+        group_reward: GroupRewardFn[ExampleT] | None = None,
         # batching
         group_size: int = 8,
         groups_per_step: int = 8,
