@@ -38,8 +38,8 @@ def lazy(
                 DeprecationWarning,
                 stacklevel=2,
             )
-            home, _, new = renamed[name].rpartition(".")
-            return getattr(importlib.import_module(home), new)
+            path, _, new = renamed[name].rpartition(".")
+            return getattr(importlib.import_module(path), new)
         home = homes.get(name)
         if home is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
