@@ -11,7 +11,6 @@ import weakref
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -59,12 +58,7 @@ class sending:
     def __enter__(self) -> None:
         self._token = capturing.set(True)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
         try:
             if error is not None and self._failed is not None:
                 self._failed(error, partial=False)

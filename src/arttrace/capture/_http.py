@@ -79,10 +79,6 @@ def uninstall() -> None:
 
 
 def _on_import(hook: str, _module: ModuleType) -> None:
-    _patch(hook)
-
-
-def _patch(hook: str) -> None:
     if _on:
         with guarded(f"hooking an HTTP client ({hook}); its calls are not recorded"):
             importlib.import_module(f"{__package__}.{hook}").patch()
@@ -188,6 +184,32 @@ def open_exchange(
     return None
 
 
+def open_sent(
+    api: str,
+    body: Any,
+    host: str | None,
+    port: int | None,
+    *,
+    headers: Any,
+    url: Any,
+    send: _R,
+    rewrite: Callable[[Any], _R],
+    what: str,
+) -> tuple[Exchange, _R] | None:
+    """:func:`open_exchange`, and what the client hook sends: ``send`` (the caller's request)
+    while its body stays, else ``rewrite(new_body)``; if rewriting ``what`` fails, ``send``
+    (the failure is logged, the call marked)."""
+    opened = open_exchange(api, body, host, port, headers=headers, url=url)
+    if opened is None:
+        return None
+    exchange, new_body = opened
+    if new_body is None:
+        return exchange, send
+    with guarded(f"rewriting {what}", exchange.lost):
+        return exchange, rewrite(new_body)
+    return exchange, send
+
+
 def sized_headers(headers: Any, body: bytes) -> None:
     """Fix ``headers``' ``Content-Length`` (a mutable mapping) to ``body``, where it is set."""
     for name in [n for n in headers if isinstance(n, str) and n.lower() == "content-length"]:
@@ -240,31 +262,28 @@ class Exchange:
     def pieces(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         """``chunks`` (the body's pieces), each passed on as it comes and read on the way;
         their end, a failure, or the caller stopping early is recorded."""
-        try:
+        with self:
             for piece in chunks:
                 self.read(piece)
                 yield piece
-        except GeneratorExit:  # the caller stopped reading
-            self.closed()
-            raise
-        except Exception as error:
-            self.failed(error, partial=True)
-            raise
-        self.ended()
 
     async def apieces(self, chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
         """:meth:`pieces` of an async body."""
-        try:
+        with self:
             async for piece in chunks:
                 self.read(piece)
                 yield piece
-        except GeneratorExit:  # the caller stopped reading
+
+    def __enter__(self) -> None:
+        """``with exchange:`` around the reading of the body's pieces, whose end it records."""
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if error is None:
+            self.ended()
+        elif isinstance(error, GeneratorExit):  # the caller stopped reading
             self.closed()
-            raise
-        except Exception as error:
+        elif isinstance(error, Exception):
             self.failed(error, partial=True)
-            raise
-        self.ended()
 
     def ended(self) -> None:
         """The body ended (the caller has it all)."""

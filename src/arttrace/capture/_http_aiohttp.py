@@ -21,7 +21,7 @@ from multidict import CIMultiDict
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
+from ._http import Exchange, endpoint, open_sent, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _taps: dict[int, tuple[StreamReader, Exchange]] = {}
@@ -58,22 +58,17 @@ def _open(
     if body is None:
         return None
     params = kwargs.get("params")
-    opened = open_exchange(
+    return open_sent(
         api,
         body,
         url.host,
         url.port,
         headers=_headers(session, kwargs),
         url=str(url.update_query(params) if params else url),
+        send=kwargs,
+        rewrite=functools.partial(_rewritten, kwargs),
+        what="an aiohttp request",
     )
-    if opened is None:
-        return None
-    exchange, new_body = opened
-    if new_body is None:
-        return exchange, kwargs
-    with guarded("rewriting an aiohttp request", exchange.lost):
-        return exchange, _rewritten(kwargs, new_body)
-    return exchange, kwargs
 
 
 def _headers(session: aiohttp.ClientSession, kwargs: dict[str, Any]) -> list[Any]:

@@ -25,7 +25,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
+from ._http import Exchange, endpoint, open_sent, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _LIBRARIES = ("httpx", "httpx2")
@@ -74,30 +74,27 @@ def _open(
         body = request.content
     except lib.RequestNotRead:  # a streamed upload: not an LLM call's JSON
         return None
-    opened = open_exchange(
+    return open_sent(
         api,
         body,
         request.url.host,
         request.url.port,
         headers=[*request.headers.multi_items(), *auth_headers(lib, instance, kwargs)],
         url=str(request.url),
+        send=request,
+        rewrite=functools.partial(_rewritten, lib, request),
+        what="an httpx request",
     )
-    if opened is None:
-        return None
-    exchange, new_body = opened
-    if new_body is None:
-        return exchange, request
-    with guarded("rewriting an httpx request", exchange.lost):
-        headers = request.headers.copy()
-        sized_headers(headers, new_body)
-        return exchange, lib.Request(
-            request.method,
-            request.url,
-            headers=headers,
-            content=new_body,
-            extensions=request.extensions,
-        )
-    return exchange, request
+
+
+def _rewritten(lib: Any, request: httpx.Request, body: bytes) -> httpx.Request:
+    """``request`` sending ``body``, its ``Content-Length`` fixed."""
+    headers = request.headers.copy()
+    sized_headers(headers, body)
+    sent: httpx.Request = lib.Request(
+        request.method, request.url, headers=headers, content=body, extensions=request.extensions
+    )
+    return sent
 
 
 def auth_headers(lib: Any, client: Any, kwargs: dict[str, Any]) -> list[tuple[str, str]]:
@@ -120,36 +117,31 @@ def with_request(
     return args, {**kwargs, "request": request}
 
 
-@mark
-def _send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    hooks = _context.send_hooks
-    if hooks is not None:
-        answer = hooks[0](wrapped, instance, args, kwargs)
-        if answer is not None:
-            return answer
-    opened = None if passing() else _open(instance, args, kwargs)
-    if opened is None:
-        return wrapped(*args, **kwargs)
-    exchange, request = opened
-    args, kwargs = with_request(request, args, kwargs)
-    with _context.sending(exchange.failed):
-        response = wrapped(*args, **kwargs)
-    return watch(exchange, response, bool(kwargs.get("stream")))
+def _sender(is_async: bool) -> Any:
+    """The wrapper of ``Client.send`` (of ``AsyncClient.send`` when ``is_async``)."""
+
+    @mark
+    def send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        hooks = _context.send_hooks
+        if hooks is not None:  # translation may take the call over
+            answer = hooks[is_async](wrapped, instance, args, kwargs)
+            if answer is not None:
+                return answer
+        opened = None if passing() else _open(instance, args, kwargs)
+        if opened is None:
+            return wrapped(*args, **kwargs)
+        exchange, request = opened
+        args, kwargs = with_request(request, args, kwargs)
+        if is_async:
+            return _asend_recorded(wrapped, args, kwargs, exchange)
+        with _context.sending(exchange.failed):
+            response = wrapped(*args, **kwargs)
+        return watch(exchange, response, bool(kwargs.get("stream")))
+
+    return send
 
 
-@mark
-def _asend(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    hooks = _context.send_hooks
-    if hooks is not None:
-        answer = hooks[1](wrapped, instance, args, kwargs)
-        if answer is not None:
-            return answer
-    opened = None if passing() else _open(instance, args, kwargs)
-    if opened is None:
-        return wrapped(*args, **kwargs)
-    exchange, request = opened
-    args, kwargs = with_request(request, args, kwargs)
-    return _asend_recorded(wrapped, args, kwargs, exchange)
+_send, _asend = _sender(is_async=False), _sender(is_async=True)
 
 
 async def _asend_recorded(

@@ -11,6 +11,7 @@ end is abandoned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import urllib.parse
 from typing import Any
 
@@ -19,7 +20,7 @@ from dspy._vendor.lm15.transports import StdlibAsyncTransport, StdlibTransport
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, passing, starting
+from ._http import Exchange, endpoint, open_sent, passing, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -41,22 +42,17 @@ def _open(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Exchange, Any]
     api = endpoint(getattr(request, "method", ""), url.path)
     if api is None:
         return None
-    opened = open_exchange(
+    return open_sent(
         api,
         request.body,
         url.hostname,
         url.port,
         headers=getattr(request, "headers", None),
         url=getattr(request, "url", None),
+        send=request,
+        rewrite=functools.partial(_rewritten, request),
+        what="a DSPy request",
     )
-    if opened is None:
-        return None
-    exchange, new_body = opened
-    if new_body is None:
-        return exchange, request
-    with guarded("rewriting a DSPy request", exchange.lost):
-        return exchange, _rewritten(request, new_body)
-    return exchange, request
 
 
 def _rewritten(request: Any, body: bytes) -> Any:

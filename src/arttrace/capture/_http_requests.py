@@ -8,6 +8,7 @@ A whole answer is recorded from ``response.content`` once ``send`` has read it; 
 
 from __future__ import annotations
 
+import functools
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
+from ._http import Exchange, endpoint, open_sent, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 
@@ -40,20 +41,25 @@ def _open(request: Any) -> tuple[Exchange, Any] | None:
     body = request.body
     if api is None or not isinstance(body, bytes | str):
         return None
-    opened = open_exchange(
-        api, body, url.hostname, url.port, headers=request.headers, url=request.url
+    return open_sent(
+        api,
+        body,
+        url.hostname,
+        url.port,
+        headers=request.headers,
+        url=request.url,
+        send=request,
+        rewrite=functools.partial(_rewritten, request),
+        what="a requests request",
     )
-    if opened is None:
-        return None
-    exchange, new_body = opened
-    if new_body is None:
-        return exchange, request
-    with guarded("rewriting a requests request", exchange.lost):
-        sent = request.copy()
-        sent.body = new_body
-        sized_headers(sent.headers, new_body)
-        return exchange, sent
-    return exchange, request
+
+
+def _rewritten(request: requests.PreparedRequest, body: bytes) -> Any:
+    """``request`` sending ``body``, its ``Content-Length`` fixed."""
+    sent = request.copy()
+    sent.body = body
+    sized_headers(sent.headers, body)
+    return sent
 
 
 @mark

@@ -15,7 +15,7 @@ import wrapt
 
 from . import _context
 from ._guard import guarded
-from ._http import Exchange, endpoint, open_exchange, passing, sized_headers, starting
+from ._http import Exchange, endpoint, open_sent, passing, sized_headers, starting
 from ._unwrap import mark, ours, unwrap
 
 _PENDING = "_arttrace_exchange"
@@ -39,7 +39,7 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
     opened = None if passing() else _open(instance, args, kwargs)
     if opened is None:
         return wrapped(*args, **kwargs)
-    exchange, args, kwargs = opened
+    exchange, (args, kwargs) = opened
     with _context.sending(exchange.failed):
         result = wrapped(*args, **kwargs)
     instance.__dict__[_PENDING] = exchange
@@ -49,24 +49,23 @@ def _request(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> 
 @starting
 def _open(
     connection: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Exchange, tuple[Any, ...], dict[str, Any]] | None:
+) -> tuple[Exchange, tuple[tuple[Any, ...], dict[str, Any]]] | None:
+    """The exchange of this ``request`` and the arguments to send, or ``None`` to pass it."""
     call = _Call(*args, **kwargs)
     api = endpoint(call.method, urllib.parse.urlsplit(call.url).path)
     if api is None or not isinstance(call.body, bytes | str):
         return None
-    opened = open_exchange(
-        api, call.body, connection.host, connection.port, headers=call.headers, url=call.url
+    return open_sent(
+        api,
+        call.body,
+        connection.host,
+        connection.port,
+        headers=call.headers,
+        url=call.url,
+        send=(args, kwargs),
+        rewrite=call.sending,
+        what="an http.client request",
     )
-    if opened is None:
-        return None
-    exchange, new_body = opened
-    if new_body is None:
-        return exchange, args, kwargs
-    with guarded("rewriting an http.client request", exchange.lost):
-        headers = dict(call.headers)
-        sized_headers(headers, new_body)
-        return exchange, (call.method, call.url, new_body, headers), call.keywords
-    return exchange, args, kwargs
 
 
 class _Call:
@@ -83,6 +82,12 @@ class _Call:
         self.method, self.url, self.body = method, url, body
         self.headers = headers or {}
         self.keywords = keywords
+
+    def sending(self, body: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments of ``request`` sending ``body``, its ``Content-Length`` fixed."""
+        headers = dict(self.headers)
+        sized_headers(headers, body)
+        return (self.method, self.url, body, headers), self.keywords
 
 
 @mark

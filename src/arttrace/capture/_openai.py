@@ -190,9 +190,10 @@ class _Reader:
     guard) and says whether the caller must not see it (the usage chunk arttrace asked for and
     the caller did not). Everything it needs is bound once: it runs for every chunk."""
 
-    __slots__ = ("add", "chat", "guard")
+    __slots__ = ("add", "capture", "chat", "guard")
 
     def __init__(self, capture: _Recorder) -> None:
+        self.capture = capture
         self.add = capture.add_chunk
         self.chat = capture if isinstance(capture, Capture) else None
         """A Chat Completions capture: one that may have asked for a usage chunk to hide."""
@@ -206,6 +207,13 @@ class _Reader:
         except Exception as error:
             self.guard.failed(error)
         return hidden
+
+    def stopped(self, error: Exception) -> None:
+        """The stream raised ``error``: its end (``StopIteration``), else a failure."""
+        if isinstance(error, StopIteration | StopAsyncIteration):
+            _ended(self.capture)
+        else:
+            _failed(self.capture, error, partial=True)
 
 
 def _hidden(capture: Capture, chunk: Any) -> bool:
@@ -224,12 +232,36 @@ def _closed(capture: _Recorder) -> None:
         capture.abandon(_ABANDONED)
 
 
-class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
+class _Proxy(wrapt.ObjectProxy):  # type: ignore[type-arg]
+    """An SDK stream or response as the caller knows it, feeding ``capture``; closed before
+    its end, the call is abandoned."""
+
+    def __init__(self, wrapped: Any, capture: _Recorder) -> None:
+        super().__init__(wrapped)
+        self._self_capture = capture
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            _closed(self._self_capture)
+
+
+class _AsyncProxy(_Proxy):
+    """:class:`_Proxy` of an async stream or response."""
+
+    async def close(self) -> None:  # type: ignore[override]
+        try:
+            await self.__wrapped__.close()
+        finally:
+            _closed(self._self_capture)
+
+
+class _Stream(_Proxy):
     """``openai.Stream`` as the caller knows it, reassembled on the side."""
 
     def __init__(self, stream: openai.Stream[Any], capture: _Recorder) -> None:
-        super().__init__(stream)
-        self._self_capture = capture
+        super().__init__(stream, capture)
         self._self_next = stream.__next__
         self._self_read = _Reader(capture)
 
@@ -241,11 +273,8 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         while True:
             try:
                 chunk = next_chunk()
-            except StopIteration:
-                _ended(self._self_capture)
-                raise
-            except Exception as error:
-                _failed(self._self_capture, error, partial=True)
+            except Exception as error:  # StopIteration too
+                read.stopped(error)
                 raise
             if not read(chunk):
                 return chunk
@@ -260,19 +289,12 @@ class _Stream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         finally:
             _closed(self._self_capture)
 
-    def close(self) -> None:
-        try:
-            self.__wrapped__.close()
-        finally:
-            _closed(self._self_capture)
 
-
-class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
+class _AsyncStream(_AsyncProxy):
     """``openai.AsyncStream`` as the caller knows it, reassembled on the side."""
 
     def __init__(self, stream: openai.AsyncStream[Any], capture: _Recorder) -> None:
-        super().__init__(stream)
-        self._self_capture = capture
+        super().__init__(stream, capture)
         self._self_next = stream.__anext__
         self._self_read = _Reader(capture)
 
@@ -284,11 +306,8 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
         while True:
             try:
                 chunk = await next_chunk()
-            except StopAsyncIteration:
-                _ended(self._self_capture)
-                raise
-            except Exception as error:
-                _failed(self._self_capture, error, partial=True)
+            except Exception as error:  # StopAsyncIteration too
+                read.stopped(error)
                 raise
             if not read(chunk):
                 return chunk
@@ -300,12 +319,6 @@ class _AsyncStream(wrapt.ObjectProxy):  # type: ignore[type-arg]
     async def __aexit__(self, *exc: Any) -> Any:
         try:
             return await self.__wrapped__.__aexit__(*exc)
-        finally:
-            _closed(self._self_capture)
-
-    async def close(self) -> None:
-        try:
-            await self.__wrapped__.close()
         finally:
             _closed(self._self_capture)
 
@@ -329,41 +342,27 @@ class _RawResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
         return _watched(self, self.__wrapped__.parse(*args, **kwargs))
 
 
-class _StreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
+class _StreamingResponse(_Proxy):
     """``with_streaming_response``: the same ``APIResponse``; ``parse()`` gives a watched stream
     or completes the record with the parsed response; closing it ends a stream not read out."""
 
     def __init__(self, response: APIResponse[Any], capture: _Recorder) -> None:
-        super().__init__(response)
-        self._self_capture = capture
+        super().__init__(response, capture)
         self._self_stream: Any = None
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         return _watched(self, self.__wrapped__.parse(*args, **kwargs))
 
-    def close(self) -> None:
-        try:
-            self.__wrapped__.close()
-        finally:
-            _closed(self._self_capture)
 
-
-class _AsyncStreamingResponse(wrapt.ObjectProxy):  # type: ignore[type-arg]
+class _AsyncStreamingResponse(_AsyncProxy):
     """``with_streaming_response`` of an async client (:class:`_StreamingResponse`)."""
 
     def __init__(self, response: AsyncAPIResponse[Any], capture: _Recorder) -> None:
-        super().__init__(response)
-        self._self_capture = capture
+        super().__init__(response, capture)
         self._self_stream: Any = None
 
     async def parse(self, *args: Any, **kwargs: Any) -> Any:
         return _watched(self, await self.__wrapped__.parse(*args, **kwargs))
-
-    async def close(self) -> None:
-        try:
-            await self.__wrapped__.close()
-        finally:
-            _closed(self._self_capture)
 
 
 def _watched(proxy: Any, result: Any) -> Any:
