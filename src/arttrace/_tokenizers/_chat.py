@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 _PIECES = re.compile(r"\w+|\s+|[^\w\s]")
+type Messages = list[dict[str, Any]]
+"""A conversation as an OpenAI client sends it: its messages."""
+type Tools = list[dict[str, Any]] | None
+"""The tools the request offers, in the OpenAI format (``None``: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,18 +26,11 @@ class Completion:
 
 
 class ChatTokenizer(Protocol):
-    def prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[int]:
+    def prompt(self, messages: Messages, tools: Tools) -> list[int]:
         """Token ids of the rendered conversation, ending with the assistant generation prompt."""
         ...
 
-    def completion(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        reply: dict[str, Any],
-    ) -> Completion:
+    def completion(self, messages: Messages, tools: Tools, reply: dict[str, Any]) -> Completion:
         """Token ids the model samples for ``reply`` (an assistant message), end token included."""
         ...
 
@@ -71,9 +68,7 @@ class SimpleChatTokenizer:
     def text(self, token_id: int) -> str:
         return self._texts.get(token_id, "")
 
-    def prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[int]:
+    def prompt(self, messages: Messages, tools: Tools) -> list[int]:
         ids: list[int] = []
         if tools:
             ids += (
@@ -85,12 +80,7 @@ class SimpleChatTokenizer:
             ids += self._header(str(message.get("role"))) + self._body(message) + self._end()
         return ids + self._header("assistant")
 
-    def completion(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        reply: dict[str, Any],
-    ) -> Completion:
+    def completion(self, messages: Messages, tools: Tools, reply: dict[str, Any]) -> Completion:
         content = self.encode(_content_text(reply.get("content")))
         calls = [self._tool_call(tc) for tc in reply.get("tool_calls") or ()]
         ids = content + [i for call in calls for i in call] + [self.SPECIAL["<|im_end|>"]]
@@ -124,9 +114,7 @@ class HFChatTokenizer:
         self.tokenizer = tokenizer
         self.end_id = int(tokenizer.convert_tokens_to_ids(end_token))
 
-    def _render(
-        self, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool
-    ) -> list[int]:
+    def _render(self, messages: Messages, tools: Tools, generation_prompt: bool) -> list[int]:
         out = self.tokenizer.apply_chat_template(
             [_template_message(m) for m in messages],
             tools=tools or None,
@@ -136,17 +124,10 @@ class HFChatTokenizer:
         ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         return [int(i) for i in ids]
 
-    def prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[int]:
+    def prompt(self, messages: Messages, tools: Tools) -> list[int]:
         return self._render(messages, tools, True)
 
-    def completion(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        reply: dict[str, Any],
-    ) -> Completion:
+    def completion(self, messages: Messages, tools: Tools, reply: dict[str, Any]) -> Completion:
         prompt = self.prompt(messages, tools)
         full = self._render([*messages, reply], tools, False)
         if full[: len(prompt)] != prompt:

@@ -11,31 +11,23 @@ first of each choice carries its ``prompt_token_ids``), a usage chunk when
 
 from __future__ import annotations
 
-import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._llm import ScriptedLLM
-
-Answer = tuple[int, dict[str, Any] | None, Iterator[bytes] | None]
+from ._llm import Answer, Endpoint, ScriptedLLM
 
 
-class CompletionsAPI:
+class CompletionsAPI(Endpoint):
     """``/v1/completions`` over a :class:`~arttrace.testing.ScriptedLLM`."""
 
     def __init__(self, llm: ScriptedLLM) -> None:
+        super().__init__()
         self.llm = llm
-        self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
 
     def respond(self, body: dict[str, Any]) -> Answer:
-        with self._lock:
-            self.requests.append(body)
-            number = next(self._ids)
+        number = self._received(body)
         prompts = body.get("prompt")
         prompts = [prompts] if isinstance(prompts, str) else prompts
         if not body.get("model") or not isinstance(prompts, list) or not prompts:

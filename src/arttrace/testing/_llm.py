@@ -59,7 +59,28 @@ def echo(request: dict[str, Any]) -> Reply:
     return Reply(f"You said: {text}")
 
 
-class ScriptedLLM:
+Answer = tuple[int, dict[str, Any] | None, Iterator[bytes] | None]
+"""An endpoint's answer: ``(status, json_body, None)``, or ``(200, None, sse_chunks)`` for a
+stream."""
+
+
+class Endpoint:
+    """What every scripted endpoint keeps: the request bodies it received, each numbered."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        """Every request body received, in order."""
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+
+    def _received(self, body: dict[str, Any]) -> int:
+        """Keep ``body``; its number (1, 2, ...)."""
+        with self._lock:
+            self.requests.append(body)
+            return next(self._ids)
+
+
+class ScriptedLLM(Endpoint):
     """The scripted model behind :func:`arttrace.testing.serve` and :meth:`transport`.
 
     ``replies``: a list consumed one request at a time (an item may be a list for ``n > 1``), or
@@ -89,6 +110,7 @@ class ScriptedLLM:
         reasoning_keys: Sequence[str] = ("reasoning",),
         force_include_usage: bool = False,
     ) -> None:
+        super().__init__()
         if replies is None:
             self._responder: Responder = echo
         elif callable(replies):
@@ -103,10 +125,6 @@ class ScriptedLLM:
         self.drop_held_back = drop_held_back
         self.reasoning_keys = tuple(reasoning_keys)
         self.force_include_usage = force_include_usage
-        self.requests: list[dict[str, Any]] = []
-        """Every request body received, in order."""
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
 
     def _next_scripted(self, script: list[Any], request: dict[str, Any]) -> Any:
         if not script:
@@ -133,13 +151,9 @@ class ScriptedLLM:
         """In-process: ``OpenAI(http_client=httpx.Client(transport=llm.transport()))``."""
         return httpx.MockTransport(self.handle)
 
-    def respond(
-        self, body: dict[str, Any]
-    ) -> tuple[int, dict[str, Any] | None, Iterator[bytes] | None]:
+    def respond(self, body: dict[str, Any]) -> Answer:
         """``(status, json_body, None)``, or ``(200, None, sse_chunks)`` for a stream."""
-        with self._lock:
-            self.requests.append(body)
-            number = next(self._ids)
+        number = self._received(body)
         try:
             replies = self._replies(body)
         except ScriptExhausted as error:

@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..capture._responses import LOGPROBS_INCLUDE, RESPONSE_MESSAGES, chat_tools, input_messages
-from ._llm import ScriptedLLM
-
-Answer = tuple[int, dict[str, Any] | None, Iterator[bytes] | None]
+from ._llm import Answer, Endpoint, ScriptedLLM
 
 
 @dataclass
@@ -50,7 +47,7 @@ class _Generation:
     usage: dict[str, Any] | None = None
 
 
-class ResponsesAPI:
+class ResponsesAPI(Endpoint):
     """``/v1/responses`` over a :class:`~arttrace.testing.ScriptedLLM` (see the module doc).
 
     ``token_generations``: return ART's ``token_generations`` carrier (a patched server)
@@ -59,19 +56,15 @@ class ResponsesAPI:
     """
 
     def __init__(self, llm: ScriptedLLM, *, token_generations: bool = False) -> None:
+        super().__init__()
         self.llm = llm
         self.token_generations = token_generations
-        self.requests: list[dict[str, Any]] = []
         self.sent: list[dict[str, Any]] = []
         self._store: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count(1)
 
     def respond(self, body: dict[str, Any]) -> Answer:
         """``(status, json_body, None)``, or ``(200, None, sse_chunks)`` for a stream."""
-        with self._lock:
-            self.requests.append(body)
-            number = next(self._ids)
+        number = self._received(body)
         if not body.get("model") or "input" not in body:
             return _error(400, "model and input are required", "input")
         previous = body.get("previous_response_id")

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
 from ._completions import CompletionsAPI
-from ._llm import ScriptedLLM, StreamCut
+from ._llm import Answer, ScriptedLLM, StreamCut
 from ._responses import ResponsesAPI
 
-Route = Callable[[dict[str, Any]], tuple[int, dict[str, Any] | None, Iterator[bytes] | None]]
+Route = Callable[[dict[str, Any]], Answer]
 
 
 class LLMServer:

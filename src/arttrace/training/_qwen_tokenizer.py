@@ -25,30 +25,15 @@ PATTERN = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-# Qwen2.5's added tokens, in id order from 151643; the flag says whether each is special.
-ADDED_TOKENS: list[tuple[str, bool]] = [
-    ("<|endoftext|>", True),  # 151643
-    ("<|im_start|>", True),  # 151644
-    ("<|im_end|>", True),  # 151645
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),  # 151657
-    ("</tool_call>", False),  # 151658
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),  # 151664
+# Qwen2.5's added tokens, in id order from 151643 (<|im_end|> is 151645, <tool_call> 151657,
+# <|file_sep|> 151664): the special ones, then the plain ones; the flag says which.
+_SPECIAL = """<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|>
+<|box_start|> <|box_end|> <|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|>
+<|vision_pad|> <|image_pad|> <|video_pad|>"""
+_PLAIN = """<tool_call> </tool_call> <|fim_prefix|> <|fim_middle|> <|fim_suffix|> <|fim_pad|>
+<|repo_name|> <|file_sep|>"""
+ADDED_TOKENS: list[tuple[str, bool]] = [(t, True) for t in _SPECIAL.split()] + [
+    (t, False) for t in _PLAIN.split()
 ]
 FIRST_ADDED_ID = 151643
 
