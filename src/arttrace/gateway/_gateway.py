@@ -16,7 +16,6 @@ import asyncio
 import enum
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import anyio.to_thread
@@ -176,12 +175,7 @@ class Gateway:
     async def __aenter__(self) -> Self:
         return await anyio.to_thread.run_sync(self.start)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await anyio.to_thread.run_sync(self.stop)
 
     # -- runs ------------------------------------------------------------------------------
