@@ -211,16 +211,16 @@ class _Replay:
         calls = trajectory.calls
         begin = trajectory.started_at or min((c.started_at for c in calls), default=time.time())
         end = trajectory.ended_at or max((c.ended_at or c.started_at for c in calls), default=begin)
-        seed = f"{run.run_dir.resolve()}|{run.key}|{run.example_id}|{begin}"
+        seed = f"{run.run_dir.resolve()}|{run.key}|{run.row.example_id}|{begin}"
         self.ids.random.seed(hashlib.sha256(seed.encode()).digest())
         attributes: dict[str, Any] = {
             "arttrace.example_id": trajectory.example_id,
             "arttrace.reward": trajectory.reward,
-            "arttrace.step": run.step,
-            "arttrace.position": run.position,
-            "arttrace.rollout": run.rollout,
-            "arttrace.split": run.split,
-            "arttrace.policy_step": run.policy_step,
+            "arttrace.step": run.row.step,
+            "arttrace.position": run.row.position,
+            "arttrace.rollout": run.row.rollout,
+            "arttrace.split": run.row.split,
+            "arttrace.policy_step": run.row.policy_step,
         }
         root = self.tracer.start_span(
             f"trajectory {trajectory.example_id}",

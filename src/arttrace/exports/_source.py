@@ -15,10 +15,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._errors import ConfigurationError
 from ..capture._trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from ..store import TrajectoryRow
 
 Split = Literal["train", "val", "all"]
 
@@ -35,24 +38,17 @@ PAGE = 2000
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One run, light: the store's row of it, and its folder. ``load()`` reads the whole run
-    from its line."""
+    """One run, light: the store's row of it (its step, slot, split, reward...), and its
+    folder. ``load()`` reads the whole run from its line."""
 
     run_dir: Path
-    step: int | None
-    position: int | None
-    rollout: int | None
-    split: str | None
-    example_id: str
-    reward: float | None
-    policy_step: int | None
-    exception_type: str | None
-    set_aside: bool
-    """Its line is in the Trainer's ``rollouts-nothing-to-train.jsonl`` (a step whose groups
-    held no trainable token, set aside to run again on resume)."""
-    key: str
-    """What identifies the run in its folder (its line's file and offset)."""
+    row: TrajectoryRow
     load: Callable[[], Trajectory] = field(compare=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        """What identifies the run in its folder (its line's file and offset)."""
+        return f"{self.row.file}@{self.row.offset}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +110,7 @@ def _steps(store: Any) -> Iterator[list[Run]]:
     while rows := store.trajectories(order="step", limit=PAGE, offset=offset):
         offset += len(rows)
         for row in rows:
-            if step and step[0].step != row.step:
+            if step and step[0].row.step != row.step:
                 yield step
                 step = []
             step.append(_run(store, row))
@@ -122,36 +118,24 @@ def _steps(store: Any) -> Iterator[list[Run]]:
         yield step
 
 
-def _run(store: Any, row: Any) -> Run:
+def _run(store: Any, row: TrajectoryRow) -> Run:
     def load() -> Trajectory:
         trajectory: Trajectory = store.trajectory(row.id)
         return trajectory
 
-    return Run(
-        run_dir=store.path,
-        step=row.step,
-        position=row.position,
-        rollout=row.rollout,
-        split=row.split,
-        example_id=row.example_id,
-        reward=row.reward,
-        policy_step=row.policy_step,
-        exception_type=row.exception_type,
-        set_aside=row.set_aside,
-        key=f"{row.file}@{row.offset}",
-        load=load,
-    )
+    return Run(store.path, row, load)
 
 
 def _keep(runs: list[Run], selection: Selection, skipped: Counter[str]) -> Iterator[Run]:
     candidates: list[Run] = []
     for run in runs:
-        if selection.split != "all" and (run.split or "train") != selection.split:
+        row = run.row
+        if selection.split != "all" and (row.split or "train") != selection.split:
             skipped[OTHER_SPLIT] += 1
-        elif selection.skip_raised and run.exception_type is not None:
+        elif selection.skip_raised and row.exception_type is not None:
             skipped[RAISED] += 1
         elif (selection.best_per_group or selection.min_reward is not None) and (
-            run.reward is None
+            row.reward is None
         ):
             skipped[NO_REWARD] += 1
         else:
@@ -176,10 +160,11 @@ def _group(run: Run) -> tuple[Any, ...]:
     """A group: one step's runs of one example (its position in the step's batch; saved
     trajectories, which have none, by example id). Runs the Trainer set aside are a group
     apart from the step's runs made again."""
-    where = run.position if run.position is not None else run.example_id
-    return (run.run_dir, run.step, run.set_aside, where)
+    row = run.row
+    where = row.position if row.position is not None else row.example_id
+    return (run.run_dir, row.step, row.set_aside, where)
 
 
 def _reward(run: Run) -> float:
-    assert run.reward is not None
-    return run.reward
+    assert run.row.reward is not None
+    return run.row.reward
