@@ -14,9 +14,10 @@ from .._lazy import lazy
 
 if TYPE_CHECKING:
     from ._rows import GroupRow, Kind, RunSummary, StepRow, TrajectoryRow, ValidationRow
-    from ._store import RunStore, open_run
+    from ._store import Filters, RunStore, open_run
 
 __all__ = [
+    "Filters",
     "GroupRow",
     "Kind",
     "RunStore",
@@ -29,6 +30,6 @@ __all__ = [
 
 __getattr__, __dir__ = lazy(
     __name__,
-    {name: "._rows" for name in __all__ if name not in ("RunStore", "open_run")}
-    | {"RunStore": "._store", "open_run": "._store"},
+    {name: "._rows" for name in __all__ if name not in ("Filters", "RunStore", "open_run")}
+    | {"Filters": "._store", "RunStore": "._store", "open_run": "._store"},
 )
