@@ -1,4 +1,4 @@
-"""The demo's checks that need neither ART nor torch.
+"""The demo's checks that need neither ART nor torch, and the making of its folder (:func:`fresh`).
 
 ``arttrace demo`` runs them before it loads ART (about 30 s on 2 cores), so that a wrong flag,
 an unusable ``--out`` or a server that does not answer is refused at once; ``run_demo`` runs
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from .._errors import ConfigurationError
@@ -53,6 +54,17 @@ def check_out(out: Path) -> None:
         )
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigurationError(f"{existing} is not writable: choose another --out")
+
+
+def fresh(out: Path) -> None:
+    """Make ``out`` empty for the demo: a folder the demo made before is cleared, any other
+    non-empty folder is refused."""
+    check_out(out)
+    marker = out / MARKER
+    if out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    marker.touch()
 
 
 def missing_cpu_module() -> str | None:

@@ -30,7 +30,7 @@ import openai
 
 from .._instrument import instrument
 from ..capture._trainable import trainable
-from ._demo_checks import api_key, check_server
+from ._demo_checks import api_key, check_server, fresh
 
 SYSTEM = "Greet the customer."
 MODEL_NAME = "demo-policy"
@@ -132,7 +132,6 @@ async def run_greeter_demo(
     ``progress``: tell on stderr what the run is doing (the Trainer's lines and progress bars).
     """
     from ..training import DryRunBackend, Trainer
-    from .demo import fresh
 
     s = settings or CPUSettings()
     fresh(out)

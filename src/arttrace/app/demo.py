@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from .._instrument import instrument
 from .._journal import Journal
 from ..capture._trainable import trainable
 from ..testing import Reply, ScriptedLLM, ToolCall, serve
-from ._demo_checks import MARKER, check_options, check_out
+from ._demo_checks import check_options, fresh
 
 if TYPE_CHECKING:
     import art  # the dry-run demo's rollouts start while ART loads in the background
@@ -214,14 +213,3 @@ async def run_dry_run_demo(
         "trainable_tokens_shipped": sum(int(r.metrics["trainable_tokens"]) for r in results),
         "output": str(out),
     }
-
-
-def fresh(out: Path) -> None:
-    """Make ``out`` empty for the demo: a folder the demo made before is cleared, any other
-    non-empty folder is refused."""
-    check_out(out)
-    marker = out / MARKER
-    if out.exists() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    marker.touch()
