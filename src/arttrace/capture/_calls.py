@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from ._guard import guarded
 from ._layers import is_paired
 from ._records import UNREADABLE, LLMCall, token_count
-from ._redact import error_text, exception_attributes, redact, scrub_params
+from ._redact import UpstreamError, error_text, exception_attributes, excerpt, redact, scrub_params
 from ._threads import report_late_call
 from ._warnings import warn_untrainable
 
@@ -83,13 +83,28 @@ class OpenCall:
         if trajectory is not None:
             trajectory.call_log.open(self)
 
-    def fail(self, error: BaseException) -> None:
-        """The call raised."""
+    def fail(self, error: BaseException, *, partial: bool = False) -> None:
+        """The call raised (``partial``: after part of the response had arrived)."""
         if not self._claim():
             return
         with guarded("recording a failed call", self._mark_unreadable):
+            if partial:
+                self.call.partial = True
+                self._keep_partial()
             self._record_error(error)
         self._close()
+
+    def refused(self, status: int, data: bytes) -> bool:
+        """Whether the server answered the call with an error (``status`` >= 400, ``data``
+        its body): the call fails with it."""
+        if status < 400:
+            return False
+        self.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
+        return True
+
+    def _keep_partial(self) -> None:
+        """Keep what arrived of a response that did not finish, as context (a stream's
+        recorder knows what it has)."""
 
     def _record_error(self, error: BaseException) -> None:
         self.call.error = error_text(error)
@@ -106,6 +121,7 @@ class OpenCall:
         self._close()
 
     def _record_abandoned(self, why: str) -> None:
+        self._keep_partial()
         self.call.partial = True
         self.call.error = why
 
@@ -115,6 +131,9 @@ class OpenCall:
         if not self._claim():
             return
         self._mark_unreadable(error)
+        if self.call.streamed:
+            with guarded("keeping a stream's output"):
+                self._keep_partial()
         self._close()
 
     def _mark_unreadable(self, error: BaseException) -> None:

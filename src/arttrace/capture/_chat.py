@@ -4,6 +4,7 @@ request's keyword arguments and finished from the parsed response or from the st
 from __future__ import annotations
 
 import operator
+import types
 from array import array
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -136,27 +137,26 @@ class Capture(OpenCall):
 
     # -- whole responses -------------------------------------------------------------------
 
-    def complete(self, completion: ChatCompletion) -> None:
+    def complete(self, completion: ChatCompletion | dict[str, Any]) -> None:
+        """The whole response: the SDK's ``ChatCompletion``, or its parsed JSON (a layer that
+        sees bytes: the HTTP layer, the gateway). Nothing is validated as a whole: each field
+        the record keeps is checked as it is read, as strictly from JSON as from the SDK's
+        objects."""
         if not self._claim():
             return  # ended already (abandoned when its trajectory ended): the record stays
         with guarded("reading a Chat Completions response", self._mark_unreadable):
             _read_completion(self.call, completion)
         self._close()
 
-    def complete_data(self, data: Any) -> None:
-        """:meth:`complete` from the response's parsed JSON (a layer that sees bytes: the HTTP
-        layer, the gateway). Nothing is validated as a whole: each field the record keeps is
-        checked as it is read, as strictly as from the SDK's objects."""
-        if not self._claim():
-            return
-        with guarded("reading a Chat Completions response", self._mark_unreadable):
-            _read_completion_data(self.call, data)
-        self._close()
-
     # -- streams ---------------------------------------------------------------------------
 
+    # The stream's readers stay twins, one for the SDK's chunks, one for parsed JSON (the
+    # whole response has one reader of both, :func:`_fields`): per chunk, reading the SDK's
+    # objects as dicts cost a 256-chunk stream ~0.7 ms more CPU (x1.8 on reading it), about
+    # half again arttrace's whole overhead on a streamed SDK call (bench_capture: ~1.2 ms).
+
     def add_event(self, event: Any) -> None:
-        """:meth:`add_chunk` from a stream event's parsed JSON."""
+        """:meth:`add_chunk` from a stream event's parsed JSON (the HTTP layer, the gateway)."""
         if self._done:
             return
         if type(event) is not dict:
@@ -243,31 +243,8 @@ class Capture(OpenCall):
     def _streamed_choices(self) -> list[ChoiceRecord]:
         return [self._choices[i].record() for i in sorted(self._choices)]
 
-    # -- endings ---------------------------------------------------------------------------
-
-    def fail(self, error: BaseException, *, partial: bool = False) -> None:
-        """The call raised (``partial``: after part of the response had arrived)."""
-        if not self._claim():
-            return
-        with guarded("recording a failed call", self._mark_unreadable):
-            self.call.partial = partial
-            if partial:
-                self.call.choices = self._streamed_choices()
-            self._record_error(error)
-        self._close()
-
-    def _record_abandoned(self, why: str) -> None:
+    def _keep_partial(self) -> None:
         self.call.choices = self._streamed_choices()
-        super()._record_abandoned(why)
-
-    def lost(self, error: BaseException) -> None:
-        if not self._claim():
-            return
-        self._mark_unreadable(error)
-        if self.call.streamed:  # keep what arrived, as context
-            with guarded("keeping a stream's choices"):
-                self.call.choices = self._streamed_choices()
-        self._close()
 
 
 def usage_only(chunk: Any) -> bool:
@@ -290,31 +267,34 @@ class Unreadable(ValueError):
     """A response field has a shape a record cannot hold."""
 
 
-def _read_completion(call: LLMCall, completion: ChatCompletion) -> None:
+def _read_completion(call: LLMCall, completion: ChatCompletion | dict[str, Any]) -> None:
     """Fill ``call`` from a whole response: the messages first, so that they stay as context
     if the tokens cannot be read."""
-    choices = _list(completion.choices, "choices")
-    call.response_id, call.response_model = _name(completion.id), _name(completion.model)
+    fields, extra = _fields(completion, "the response")
+    choices = _list(fields.get("choices"), "choices")
+    call.response_id, call.response_model = _name(fields.get("id")), _name(fields.get("model"))
     call.choices = [_choice_message(c) for c in choices]
     for record, choice in zip(call.choices, choices, strict=True):
         _read_tokens(record, choice)
-    extra = completion.model_extra or {}
     call.prompt_token_ids = _ids(extra.get("prompt_token_ids"), "prompt_token_ids")
-    call.usage = None if completion.usage is None else _usage(completion.usage)
-
-
-def _read_completion_data(call: LLMCall, data: Any) -> None:
-    """:func:`_read_completion` from the response's parsed JSON."""
-    if type(data) is not dict:
-        raise Unreadable(f"the response is {type(data).__name__}, not an object")
-    choices = _list(data.get("choices"), "choices")
-    call.response_id, call.response_model = _name(data.get("id")), _name(data.get("model"))
-    call.choices = [_choice_message_data(c) for c in choices]
-    for record, choice in zip(call.choices, choices, strict=True):
-        _read_tokens_data(record, choice)
-    call.prompt_token_ids = _ids(data.get("prompt_token_ids"), "prompt_token_ids")
-    usage = data.get("usage")
+    usage = fields.get("usage")
     call.usage = None if usage is None else _usage(usage)
+
+
+def _fields(obj: Any, what: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """``obj``'s fields and its extra fields (the ones the SDK's model does not declare, such
+    as vLLM's ``token_ids``), read alike from either form of a response: parsed JSON (a dict:
+    both) or the SDK's object (its ``__dict__`` and ``__pydantic_extra__``, read as dicts at C
+    speed). Anything else is :class:`Unreadable` (``what`` names it)."""
+    if type(obj) is dict:
+        return obj, obj
+    try:  # a pydantic model (an isinstance check is slower: pydantic's models are ABCs)
+        return obj.__dict__, obj.__pydantic_extra__ or _NO_EXTRA
+    except AttributeError:
+        raise Unreadable(f"{what} is {type(obj).__name__}, not an object") from None
+
+
+_NO_EXTRA: Mapping[str, Any] = types.MappingProxyType({})
 
 
 class _StreamedChoice:
@@ -408,7 +388,11 @@ class _StreamedChoice:
             self.token_ids.extend(ids if type(ids) is list else _ids(ids, "token_ids") or ())
         logprobs = choice.get("logprobs")
         if logprobs is not None:
-            entries = logprobs.get("content") if type(logprobs) is dict else _content(logprobs)
+            entries = (
+                logprobs.get("content")
+                if type(logprobs) is dict
+                else _fields(logprobs, "logprobs")[0].get("content")
+            )
             if entries is not None:
                 self.saw_logprobs = True
                 if type(entries) is not list:
@@ -467,7 +451,7 @@ class _StreamedChoice:
         return record
 
 
-def _top(token: ChatCompletionTokenLogprob | dict[str, Any]) -> list[dict[str, Any]]:
+def _top(token: ChatCompletionTokenLogprob | Mapping[str, Any]) -> list[dict[str, Any]]:
     alternatives = _list(field_of(token, "top_logprobs") or [], "top_logprobs")
     return [{"token": _token(t), "logprob": _logprob(t)} for t in alternatives]
 
@@ -482,35 +466,11 @@ def _set_tokens(record: ChoiceRecord, tokens: list[str], top: list[list[dict[str
         record.top_logprobs = top
 
 
-def _choice_message(choice: Choice) -> ChoiceRecord:
-    m = choice.message
-    if m is None or isinstance(m, str | Mapping):
-        raise Unreadable(f"choice message is {type(m).__name__}")
-    message: dict[str, Any] = {"role": "assistant", "content": _str(m.content, "content")}
-    reasoning = _reasoning(m.model_extra) if m.model_extra else None
-    if reasoning:
-        message["reasoning"] = reasoning
-    refusal = _str(m.refusal, "refusal")
-    if refusal:
-        message["refusal"] = refusal
-    if m.tool_calls:
-        message["tool_calls"] = [_tool_call(tc) for tc in _list(m.tool_calls, "tool_calls")]
-    return ChoiceRecord(
-        index=_index(choice),
-        message=message,
-        finish_reason=_str(choice.finish_reason, "finish_reason"),
-    )
-
-
-def _choice_message_data(choice: Any) -> ChoiceRecord:
-    """:func:`_choice_message` from a choice's parsed JSON."""
-    if type(choice) is not dict:
-        raise Unreadable(f"a choice is {type(choice).__name__}, not an object")
-    m = choice.get("message")
-    if type(m) is not dict:
-        raise Unreadable(f"choice message is {type(m).__name__}")
+def _choice_message(choice: Choice | dict[str, Any]) -> ChoiceRecord:
+    fields, _ = _fields(choice, "a choice")
+    m, extra = _fields(fields.get("message"), "choice message")
     message: dict[str, Any] = {"role": "assistant", "content": _str(m.get("content"), "content")}
-    reasoning = _reasoning(m)
+    reasoning = _reasoning(extra) if extra else None
     if reasoning:
         message["reasoning"] = reasoning
     refusal = _str(m.get("refusal"), "refusal")
@@ -520,9 +480,9 @@ def _choice_message_data(choice: Any) -> ChoiceRecord:
     if tool_calls:
         message["tool_calls"] = [_tool_call(tc) for tc in _list(tool_calls, "tool_calls")]
     return ChoiceRecord(
-        index=_index(choice),
+        index=_index(fields),
         message=message,
-        finish_reason=_str(choice.get("finish_reason"), "finish_reason"),
+        finish_reason=_str(fields.get("finish_reason"), "finish_reason"),
     )
 
 
@@ -548,37 +508,18 @@ def _tool_call(tool_call: Any) -> dict[str, Any]:
     }
 
 
-def _read_tokens(record: ChoiceRecord, choice: Choice) -> None:
-    extra = choice.model_extra
-    record.token_ids = _ids(extra.get("token_ids"), "token_ids") if extra else None
-    logprobs = choice.logprobs
-    if logprobs is not None and logprobs.content is not None:
-        content = _list(logprobs.content, "logprobs.content")
-        record.logprobs = _logprobs(content, _LOGPROB)
-        tokens = [_token(t) for t in content] if record.token_ids is None else []
-        top = [_top(t) for t in content] if content and content[0].top_logprobs else []
-        _set_tokens(record, tokens, top)
-
-
-def _read_tokens_data(record: ChoiceRecord, choice: dict[str, Any]) -> None:
-    """:func:`_read_tokens` from a choice's parsed JSON."""
-    record.token_ids = _ids(choice.get("token_ids"), "token_ids")
-    logprobs = choice.get("logprobs")
-    content = None if logprobs is None else _content(logprobs)
+def _read_tokens(record: ChoiceRecord, choice: Choice | dict[str, Any]) -> None:
+    fields, extra = _fields(choice, "a choice")
+    record.token_ids = _ids(extra.get("token_ids"), "token_ids")
+    logprobs = fields.get("logprobs")
+    content = None if logprobs is None else _fields(logprobs, "logprobs")[0].get("content")
     if content is not None:
         content = _list(content, "logprobs.content")
-        record.logprobs = _logprobs(content, _LOGPROB_ITEM)
-        tokens = [_token(t) for t in content] if record.token_ids is None else []
         first = content[0] if content else None
+        record.logprobs = _logprobs(content, _LOGPROB_ITEM if type(first) is dict else _LOGPROB)
+        tokens = [_token(t) for t in content] if record.token_ids is None else []
         top = [_top(t) for t in content] if field_of(first, "top_logprobs") else []
         _set_tokens(record, tokens, top)
-
-
-def _content(logprobs: Any) -> Any:
-    """A choice's ``logprobs.content`` (parsed JSON)."""
-    if type(logprobs) is not dict:
-        raise Unreadable(f"logprobs is {type(logprobs).__name__}, not an object")
-    return logprobs.get("content")
 
 
 _LOGPROB = operator.attrgetter("logprob")

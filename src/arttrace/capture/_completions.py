@@ -16,7 +16,6 @@ from . import _context
 from ._calls import OpenCall, Settings
 from ._guard import guarded
 from ._records import ChoiceRecord, LLMCall, jsonable
-from ._redact import UpstreamError, excerpt
 
 COMPLETIONS_FIX = (
     "ART trains chat conversations: call the model through Chat Completions "
@@ -50,29 +49,26 @@ class CompletionsCall(OpenCall):
             self._warn("a Completions API call", COMPLETIONS_FIX)
 
     def whole(self, status: int, data: bytes) -> None:
-        if status >= 400:
-            self.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
+        if self.refused(status, data):
             return
         with guarded("reading a Completions response", self.lost):
             self._read(orjson.loads(data))
             self._end()
 
     def event(self, data: bytes) -> None:
-        if self._done:
-            return
         if data == b"[DONE]":
             self.ended()
-            return
-        with guarded("reading a Completions stream", self.lost):
-            self._read(orjson.loads(data))
+        elif not self._done:
+            with guarded("reading a Completions stream", self.lost):
+                self._read(orjson.loads(data))
 
     def ended(self) -> None:
-        with guarded("ending a Completions stream", self.lost):
-            self._end()
+        if not self._done:
+            with guarded("ending a Completions stream", self.lost):
+                self._end()
 
     def failed(self, error: BaseException, *, partial: bool) -> None:
-        self.call.partial = partial
-        self.fail(error)
+        self.fail(error, partial=partial)
 
     def abandoned(self, why: str) -> None:
         self.abandon(why)

@@ -215,29 +215,6 @@ class ResponsesCall(OpenCall):
     def end_stream(self) -> None:
         self.abandon("the stream ended without a response.completed event")
 
-    def fail(self, error: BaseException, *, partial: bool = False) -> None:
-        if not self._claim():
-            return
-        with guarded("recording a failed call", self._mark_unreadable):
-            self.call.partial = partial
-            if partial:
-                self._keep_partial()
-            self._record_error(error)
-        self._close()
-
-    def _record_abandoned(self, why: str) -> None:
-        self._keep_partial()
-        super()._record_abandoned(why)
-
-    def lost(self, error: BaseException) -> None:
-        if not self._claim():
-            return
-        self._mark_unreadable(error)
-        if self.call.streamed:
-            with guarded("keeping a stream's output"):
-                self._keep_partial()
-        self._close()
-
     def _keep_partial(self) -> None:
         """What arrived of a stream that did not finish, as context."""
         items = list(self._items)
@@ -254,8 +231,7 @@ class ResponsesCall(OpenCall):
     # -- the wire's bytes ------------------------------------------------------------------
 
     def whole(self, status: int, data: bytes) -> None:
-        if status >= 400:
-            self.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
+        if self.refused(status, data):
             return
         with guarded("reading a Responses response", self.lost):
             self.complete(orjson.loads(data))

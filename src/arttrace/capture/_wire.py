@@ -5,7 +5,7 @@ HTTP-client layer below every SDK, :mod:`._http`).
 A Chat Completions call is a :class:`~arttrace.capture._chat.Capture`, opened in the current
 context (trajectory, ``@trainable`` scopes), so it lands in the run exactly as an SDK call
 would: the server's JSON, parsed with orjson and read field by field (no model object per
-chunk), is fed to ``complete_data`` / ``add_event`` / ``end_stream``.
+chunk), is fed to ``complete`` / ``add_event`` / ``end_stream``.
 
 A Responses API call is a :class:`~arttrace.capture._responses.ResponsesCall`; a legacy
 Completions call a :class:`~arttrace.capture._completions.CompletionsCall` (context only).
@@ -106,11 +106,10 @@ class _ChatCall:
 
     def whole(self, status: int, data: bytes) -> None:
         self.done = True
-        if status >= 400:
-            self.capture.fail(UpstreamError(f"the server answered {status}: {excerpt(data)}"))
+        if self.capture.refused(status, data):
             return
         with guarded("reading a Chat Completions response", self._unreadable):
-            self.capture.complete_data(orjson.loads(data))
+            self.capture.complete(orjson.loads(data))
 
     def event(self, data: bytes) -> None:
         if self.done:
