@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     from ._rollout import RolloutRunner
 
 
+type Metadata = Callable[[], dict[str, MetadataValue]]
+"""What :meth:`Executor.run` calls for a rollout's metadata, once the rollout starts."""
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Where a :class:`~arttrace.Trainer` runs its rollouts.
@@ -29,12 +33,7 @@ class Executor(Protocol):
         ready. ``concurrency`` is the Trainer's ``max_concurrency``."""
         ...
 
-    async def run(
-        self,
-        example_id: str,
-        example: Any,
-        metadata: Callable[[], dict[str, MetadataValue]],
-    ) -> Trajectory:
+    async def run(self, example_id: str, example: Any, metadata: Metadata) -> Trajectory:
         """One rollout of ``example`` in a fresh trajectory opened with ``example_id`` and
         ``metadata()``, with its reward; the finished run, never raising for its failure.
         Waits while the executor's limit of rollouts in flight is reached, and only then
@@ -61,12 +60,7 @@ class InProcessExecutor:
         if self.max_concurrency is None:
             self.max_concurrency = concurrency
 
-    async def run(
-        self,
-        example_id: str,
-        example: Any,
-        metadata: Callable[[], dict[str, MetadataValue]],
-    ) -> Trajectory:
+    async def run(self, example_id: str, example: Any, metadata: Metadata) -> Trajectory:
         if self._runner is None:
             raise RuntimeError("InProcessExecutor.run before bind: pass it to a Trainer")
         async with self._semaphore():

@@ -13,46 +13,54 @@ again on another actor (``max_retries`` times, each retry logged). Ray never ret
 rollout by itself (``max_restarts=0``, ``max_task_retries=0``), so a rollout runs at most
 ``1 + max_retries`` times and comes back once: finished, or with the cause on
 ``Trajectory.exception``.
+
+This module is the executor (binding, retries, the connection to the cluster); the actors and
+their pool are in :mod:`._ray_pool`, and what cannot be sent to the workers is named by
+:mod:`._ray_pickling`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import functools
 import inspect
 import logging
-import math
 import os
 import socket
-import sys
 import threading
 import time
 import traceback
-import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 try:
     import ray
     import ray.exceptions
-    from ray import cloudpickle
 except ImportError as error:  # pragma: no cover  (ray is in the test set)
     raise ImportError("arttrace.RayExecutor needs Ray: pip install 'arttrace[ray]'") from error
 
 from .._errors import ConfigurationError
-from ..capture import _context
 from ..capture._trajectory import Trajectory
-from ._frozen import FORMAT, freeze, thaw
+from ._frozen import FORMAT, thaw
+from ._ray_pickling import example_name, load_message, pickled
+from ._ray_pool import (
+    Member,
+    Pool,
+    PoolBroken,
+    RolloutActor,
+    capacity,
+    cluster_resources,
+    driver_capture,
+    failed,
+    node_resources,
+    placeable,
+)
 
 if TYPE_CHECKING:
-    from ..capture._trajectory import MetadataValue
+    from ._executor import Metadata
     from ._rollout import RolloutRunner
 
 _log = logging.getLogger("arttrace")
-_dumps: Callable[[Any], bytes] = cloudpickle.dumps  # untyped in Ray
-_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes
 
 _START_TIMEOUT = 300.0
 """Seconds :meth:`RayExecutor.bind` waits for its first actor (runtime_env set-up included)."""
@@ -65,480 +73,6 @@ _WORKER_LOST = (
     ray.exceptions.OutOfMemoryError,  # Ray's memory monitor killed the worker
 )
 """Failures of the worker, not of the rollout: the rollout is run again elsewhere."""
-
-DriverCapture = tuple[bool, bool] | None
-"""The driver's ``arttrace.instrument()`` settings (``request_training_data``,
-``export_tokens``), or ``None``: capture off."""
-
-
-# -- the worker side -------------------------------------------------------------------------
-
-
-class _RolloutActor:
-    """One rollout at a time, in a worker process of any node, with the pickled rollout and
-    ``reward_fn`` loaded once. A piece that cannot be loaded here is reported by
-    :meth:`ready` (so :meth:`RayExecutor.bind` names it) and fails each rollout with that
-    cause."""
-
-    def __init__(
-        self,
-        rollout: bytes,
-        reward_fn: bytes | None,
-        max_concurrency: int,
-        timeout: float | None = None,
-    ) -> None:
-        self.runner: RolloutRunner[Any] | None = None
-        self.error: dict[str, Any] | None = None
-        self.where = _where()
-        self.load(rollout, reward_fn, max_concurrency, timeout)
-
-    def load(
-        self,
-        rollout: bytes,
-        reward_fn: bytes | None,
-        max_concurrency: int,
-        timeout: float | None = None,
-    ) -> None:
-        """Run this rollout from now on (a re-bound executor keeps its actors)."""
-        from ._rollout import RolloutRunner
-
-        if self.runner is not None:
-            self.runner.close()
-        self.runner, self.error = None, None
-        try:
-            loaded = cloudpickle.loads(rollout)
-        except Exception as error:
-            self.error = _load_error("the rollout", error)
-            return
-        try:
-            score = None if reward_fn is None else cloudpickle.loads(reward_fn)
-        except Exception as error:
-            self.error = _load_error("reward_fn", error)
-            return
-        self.runner = RolloutRunner(loaded, score, max_concurrency, timeout)
-
-    def ready(self) -> dict[str, Any]:
-        """This worker's frozen format, where it is, and why it cannot run rollouts (if so)."""
-        return {"format": FORMAT, "error": self.error, "where": self.where}
-
-    def check(self, examples: list[bytes]) -> tuple[int, dict[str, Any]] | None:
-        """The first example that cannot be loaded here, and why."""
-        for index, blob in enumerate(examples):
-            try:
-                cloudpickle.loads(blob)
-            except Exception as error:
-                return index, _load_error(f"example {index}", error)
-        return None
-
-    async def run(
-        self,
-        example_id: str,
-        example: Any,
-        metadata: dict[str, MetadataValue],
-        settings: DriverCapture,
-    ) -> bytes:
-        _instrument(settings)
-        metadata = {**metadata, **self.where}
-        if self.runner is None:
-            assert self.error is not None
-            message = _load_message(**self.error)
-            return freeze(_failed(example_id, metadata, "ConfigurationError", message, ""))
-        return freeze(await self.runner.run(example_id, example, metadata))
-
-
-WHERE = ("node_id", "node_address", "worker_pid")
-"""The metadata a run made on Ray gets: the node it ran on (Ray's id, and its address) and its
-worker's process id. A run that failed because its worker died has those of its last try."""
-
-
-def _where() -> dict[str, MetadataValue]:
-    """This worker's place in the cluster (see :data:`WHERE`)."""
-    context = ray.get_runtime_context()
-    return dict(zip(WHERE, (context.get_node_id(), _node_address(), os.getpid()), strict=True))
-
-
-def _node_address() -> str:
-    return str(ray.util.get_node_ip_address())
-
-
-def _instrument(settings: DriverCapture) -> None:
-    """Capture as the driver has it (``instrument`` is idempotent; only a change calls it)."""
-    from .._instrument import instrument, uninstrument
-
-    current = _context.shim_settings()
-    have = None if current is None else (current.request_training_data, current.export_tokens)
-    if have == settings:
-        return
-    if settings is None:
-        uninstrument()
-    else:
-        instrument(request_training_data=settings[0], export_tokens=settings[1])
-
-
-def _load_error(what: str, error: Exception) -> dict[str, Any]:
-    """Why ``what`` could not be unpickled on this worker, with the fix."""
-    module = getattr(error, "name", None) if isinstance(error, ImportError) else None
-    cause = f"{type(error).__name__}: {error}"
-    return {"what": what, "module": module, "cause": cause}
-
-
-def _load_message(what: str, module: str | None, cause: str) -> str:
-    """What could not be loaded on the workers, and the fix: on the driver, where the module
-    lives is known, and the fix names its path."""
-    if not module:
-        return (
-            f"{what} cannot be loaded on the Ray workers ({cause}): the workers must have the "
-            "code and package versions this process has (install them on every node, or "
-            "send them with RayExecutor(runtime_env=...))"
-        )
-    top = module.split(".")[0]
-    local = sys.modules.get(top)
-    path = _module_path(local) if local is not None else None
-    send = repr(path) if path else f"'<the folder or .py file of {top}>'"
-    return (
-        f"{what} cannot be loaded on the Ray workers: they cannot import module {module!r} "
-        f"({cause}). Send it with RayExecutor(runtime_env={{'py_modules': [{send}]}}) or "
-        "runtime_env={'working_dir': '<your project folder>'}, or install it on every node"
-    )
-
-
-def _module_path(module: types.ModuleType) -> str | None:
-    """What ``py_modules`` takes for ``module``: its package folder, or its ``.py`` file."""
-    paths = list(getattr(module, "__path__", []))
-    if paths:
-        return str(paths[0])
-    file = getattr(module, "__file__", None)
-    return str(file) if file else None
-
-
-def _failed(
-    example_id: str,
-    metadata: dict[str, MetadataValue],
-    kind: str,
-    message: str,
-    trace: str,
-    started: float | None = None,
-) -> Trajectory:
-    """A run that did not finish: the Trainer counts it under ``max_exceptions``."""
-    t = Trajectory(example_id, metadata)
-    t.exception = {"type": kind, "message": message, "traceback": trace}
-    t.started_at, t.ended_at = started or time.time(), time.time()
-    return t
-
-
-# -- what cannot be sent ---------------------------------------------------------------------
-
-
-def _pickled(obj: Any, what: str, root: str) -> bytes:
-    """``obj`` pickled as Ray sends it, or a ConfigurationError naming what in it cannot be
-    pickled (``root`` is how the path to that part starts: ``rollout``, ``example``)."""
-    try:
-        return bytes(_dumps(obj))
-    except Exception as error:
-        chain = _culprit(obj, set(), 0)
-        raise ConfigurationError(_unpicklable(what, root, obj, chain, error)) from None
-
-
-_Hop = tuple[str, Any, Exception]
-"""A step into an object (``.attr``, ``[key]``, ``=name`` for a variable the path then
-starts from, or :data:`_THROUGH`), the part it reaches, and the error pickling that part
-gave."""
-
-_THROUGH = "~"
-"""The step from a decorator's wrapper (``functools.wraps``, as ``@at.trainable``'s) to the
-function it wraps: not named, since the user wrote that function, not the wrapper's
-variable (``fn``)."""
-
-
-def _culprit(obj: Any, seen: set[int], depth: int) -> list[_Hop]:
-    """The steps from ``obj`` to the innermost part of it that does not pickle."""
-    if depth > 12 or id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    try:
-        for step, part in _parts(obj):
-            try:
-                _dumps(part)
-            except Exception as error:
-                return [(step, part, error), *_culprit(part, seen, depth + 1)]
-    except Exception:  # a part we cannot walk: stop here
-        pass
-    return []
-
-
-def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
-    """What pickling ``obj`` pickles, each with the step that reaches it."""
-    if isinstance(obj, types.MethodType):
-        yield "=self", obj.__self__
-        yield ".__func__", obj.__func__
-    elif isinstance(obj, functools.partial):
-        yield ".func", obj.func
-        for i, arg in enumerate(obj.args):
-            yield f".args[{i}]", arg
-        for key, value in obj.keywords.items():
-            yield f".keywords[{key!r}]", value
-    elif isinstance(obj, types.FunctionType):  # pickled by value: its code's references
-        wrapped = getattr(obj, "__wrapped__", None)
-        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
-            if wrapped is not None and cell.cell_contents is wrapped:
-                yield _THROUGH, wrapped  # a decorator's (@at.trainable's) function: the user's
-            else:
-                yield f"={name}=its variable {name!r}", cell.cell_contents
-        for name in dict.fromkeys(_global_names(obj.__code__)):
-            if name in obj.__globals__:
-                yield f"={name}=its global {name!r}", obj.__globals__[name]
-        for i, default in enumerate(obj.__defaults__ or ()):
-            yield f"=default={f'its default value {i}'}", default
-    elif type(obj) is dict:
-        for key, value in obj.items():
-            yield f"[{key!r}]", value
-    elif type(obj) in (list, tuple, set, frozenset):
-        for i, item in enumerate(obj):
-            yield f"[{i}]", item
-    else:
-        reduced = obj.__reduce_ex__(5)
-        if not isinstance(reduced, tuple):
-            return
-        state = reduced[2] if len(reduced) > 2 else None
-        if isinstance(state, tuple) and len(state) == 2:  # (__dict__, __slots__ values)
-            state = {**(state[0] or {}), **(state[1] or {})}
-        if isinstance(state, dict):
-            for name, value in state.items():
-                yield f".{name}", value
-        for i, item in enumerate(reduced[3] if len(reduced) > 3 and reduced[3] else ()):
-            yield f"[{i}]", item
-        for key, value in reduced[4] if len(reduced) > 4 and reduced[4] else ():
-            yield f"[{key!r}]", value
-        for i, arg in enumerate(reduced[1] if len(reduced) > 1 else ()):
-            yield f".__reduce__()[1][{i}]", arg
-
-
-def _unpicklable(what: str, root: str, obj: Any, chain: list[_Hop], error: Exception) -> str:
-    """``what`` cannot be sent: which part of it, of what type, holds what cannot be pickled.
-    The part named is the first variable on the way that is not a function (a helper
-    function's global client is named as that client, used by that helper)."""
-    path, top, top_at, via = root, "", -1, ""
-    for i, (step, _part, _) in enumerate(chain):
-        if step == _THROUGH:
-            continue
-        if step.startswith("="):  # a variable: the path starts again from its name
-            _, path, *described = step.split("=", 2)
-            if described and (not top or _is_function(chain[top_at][1])):
-                if top and not via:
-                    via = top
-                top, top_at = described[0], i
-        else:
-            path += step
-            if not top:
-                top, top_at = path, i
-    used = ""
-    if via:
-        top, used = top.replace("its ", "the ", 1), f" that {via} uses"
-    leaf, cause = (chain[-1][1], chain[-1][2]) if chain else (obj, error)
-    if top_at in (-1, len(chain) - 1):
-        holds = f"{top or root}{used} is {_a(leaf)}"
-    else:
-        holds = f"{top} ({_a(chain[top_at][1])}){used} holds {_a(leaf)} at {path}"
-    fix = (
-        "Keep examples to plain data (text, numbers, ids) and build such objects inside the rollout"
-        if root == "example"
-        else f"Create it inside {what} (or once per worker, on first use), or define {what} "
-        "in a module the workers import, so that it is sent by name, not by value"
-    )
-    return (
-        f"{what} cannot be sent to the Ray workers: {holds}, which cannot be pickled "
-        f"({type(cause).__name__}: {cause}). {fix}"
-    )
-
-
-def _is_function(obj: Any) -> bool:
-    return isinstance(obj, types.FunctionType | types.MethodType | functools.partial)
-
-
-def _global_names(code: types.CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _global_names(const)
-
-
-_LOCKS = {"_thread.lock": "threading.Lock", "_thread.RLock": "threading.RLock"}
-
-
-def _a(obj: Any) -> str:
-    """``a threading.Lock``, ``an openai.AsyncOpenAI``."""
-    name = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    name = _LOCKS.get(name, name.removeprefix("builtins."))
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
-def _example_name(index: int, example: Any) -> str:
-    key = example.get("id") if isinstance(example, Mapping) else None
-    return f"example {index}" + ("" if key is None else f" (id {key!r})")
-
-
-# -- the driver side -------------------------------------------------------------------------
-
-
-class _Member:
-    """One actor of the pool: starting (its ``ready`` call pending), idle, or busy."""
-
-    __slots__ = ("actor", "loop", "ready", "state", "where")
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self.ready = actor.ready.remote()
-        self.state = "starting"
-        self.loop: asyncio.AbstractEventLoop | None = None
-        """The event loop watching ``ready`` (each ``asyncio.run`` has its own)."""
-        self.where: dict[str, MetadataValue] = {}
-        """Its worker's node and process (:data:`WHERE`), once it has started."""
-
-
-_Queue = collections.deque[asyncio.Future[None]]
-
-
-class _PoolBroken(Exception):
-    """No actor of the pool could start, time after time: the cause is the last failure."""
-
-
-class _Pool:
-    """``size`` actors; a rollout takes an idle one and gives it back. An actor is handed out
-    only once it has started: on a cluster too small for ``size`` of them, the ones that
-    cannot be placed wait without holding up a rollout. A dead actor is replaced, unless
-    actors keep dying before they start (a node that cannot run them): after ``size + 3``
-    such deaths in a row, waiting rollouts fail with the last cause."""
-
-    def __init__(self, actor_class: Any, size: int, load: tuple[Any, ...]) -> None:
-        self._actor_class = actor_class
-        self.load = load
-        """The rollout actors' constructor (and ``load``) arguments."""
-        self.members = [_Member(actor_class.remote(*load)) for _ in range(size)]
-        self._idle: list[_Member] = []
-        self._waiting: tuple[asyncio.AbstractEventLoop, _Queue, _Queue] | None = None
-        """The rollouts waiting for an actor, in order, on the loop they wait in: retries of
-        rollouts whose worker died first, then the others."""
-        self._watchers: set[asyncio.Task[None]] = set()
-        self.closed = False
-        self._failed_starts = 0
-        self.broken: BaseException | None = None
-
-    async def acquire(self, retry: bool = False) -> _Member:
-        """An idle actor; rollouts waiting for one get them in the order they came, a
-        ``retry`` (a rollout whose worker died) before every rollout that is not one: it
-        holds up its step, which the rollouts queued behind it may not."""
-        loop = asyncio.get_running_loop()
-        if self._waiting is None or self._waiting[0] is not loop:
-            self._waiting = loop, collections.deque(), collections.deque()
-        _, retries, others = self._waiting
-        waiting, first = (retries if retry else others), False
-        while True:
-            if self.closed:
-                raise RuntimeError("the RayExecutor was closed")
-            if self.broken is not None:
-                raise _PoolBroken() from self.broken
-            if self._idle:
-                member = self._idle.pop()
-                member.state = "busy"
-                return member
-            for member in self.members:
-                if member.state == "starting" and member.loop is not loop:
-                    member.loop = loop
-                    task = loop.create_task(self._watch(member))
-                    self._watchers.add(task)
-                    task.add_done_callback(self._watchers.discard)
-            turn = loop.create_future()
-            if first:  # woken, but another took the actor: still first in line
-                waiting.appendleft(turn)
-            else:
-                waiting.append(turn)
-            try:
-                await turn
-            finally:
-                if turn in waiting:  # cancelled while waiting
-                    waiting.remove(turn)
-            first = True
-
-    def release(self, member: _Member) -> None:
-        if member.state != "busy":
-            return
-        member.state = "idle"
-        self._idle.append(member)
-        self._notify()
-
-    def lost(self, member: _Member) -> None:
-        """``member``'s actor died: kill what is left of it and start another."""
-        if member.state == "dead":
-            return
-        member.state = "dead"
-        if member in self._idle:
-            self._idle.remove(member)
-        _kill(member.actor)
-        if member in self.members and not self.closed and self.broken is None:
-            replacement = _Member(self._actor_class.remote(*self.load))
-            self.members[self.members.index(member)] = replacement
-        self._notify()
-
-    def reload(self, load: tuple[Any, ...]) -> None:
-        """Run another rollout in the same actors (no process is started); each actor is
-        handed out again once it has loaded it."""
-        self.load = load
-        self._idle.clear()
-        for member in self.members:
-            member.actor.load.remote(*load)  # a call runs after the ones before it
-            member.ready = member.actor.ready.remote()
-            member.state, member.loop = "starting", None
-
-    async def _watch(self, member: _Member) -> None:
-        ready = member.ready
-        try:
-            info = await ready
-        except Exception as error:
-            if member.ready is ready:
-                self._failed_starts += 1
-                if self._failed_starts >= len(self.members) + 3:
-                    self.broken = error
-                self.lost(member)
-                if self.broken is not None:
-                    self._notify(everyone=True)
-            return
-        if member.state == "starting" and member.ready is ready:
-            self._failed_starts = 0
-            member.where = dict(info.get("where") or {})
-            member.state = "idle"
-            self._idle.append(member)
-            self._notify()
-
-    def _notify(self, everyone: bool = False) -> None:
-        """Wake the first rollout waiting for an actor (``everyone``: all of them, to see the
-        pool closed or broken). One actor freed wakes one rollout, not every one queued."""
-        if self._waiting is None:
-            return
-        loop, retries, others = self._waiting
-        try:
-            if asyncio.get_running_loop() is not loop:
-                return
-        except RuntimeError:  # no loop running (close, from a plain call)
-            return
-        for waiting in (retries, others):
-            while waiting:
-                turn = waiting.popleft()
-                if not turn.done():
-                    turn.set_result(None)
-                    if not everyone:
-                        return
-
-    def close(self) -> None:
-        self.closed = True
-        for member in self.members:
-            _kill(member.actor)
-        self._notify(everyone=True)
-
-
-def _kill(actor: Any) -> None:
-    with contextlib.suppress(Exception):  # already dead, or the cluster is gone
-        ray.kill(actor, no_restart=True)
-
 
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 _AUTH_ON = "Token authentication is enabled for this Ray cluster"
@@ -662,7 +196,7 @@ class RayExecutor:
         self.runtime_env = runtime_env
         self.max_in_flight = max_in_flight
         self.max_retries = max_retries
-        self._pool: _Pool | None = None
+        self._pool: Pool | None = None
         self._timeout: float | None = None
         """The Trainer's ``rollout_timeout``, enforced on the worker (and here, as a backstop)."""
         self._connected = False
@@ -674,24 +208,24 @@ class RayExecutor:
     def bind(self, runner: RolloutRunner[Any], examples: Sequence[Any], concurrency: int) -> None:
         """Check that the rollout, ``reward_fn`` and ``examples`` can be sent to and loaded on
         a worker, connect to the cluster and start the actors."""
-        rollout = _pickled(runner.rollout, "the rollout", "rollout")
+        rollout = pickled(runner.rollout, "the rollout", "rollout")
         reward_fn = (
             None
             if runner.reward_fn is None
-            else _pickled(runner.reward_fn, "reward_fn", "reward_fn")
+            else pickled(runner.reward_fn, "reward_fn", "reward_fn")
         )
         blobs = [
-            _pickled(example, _example_name(i, example), "example")
+            pickled(example, example_name(i, example), "example")
             for i, example in enumerate(examples)
         ]
         self._connect()
         _quiet_raylet_logs()
         size = self._size(concurrency)
-        load = (rollout, reward_fn, concurrency, runner.timeout)  # the limit applies there
+        sent = (rollout, reward_fn, concurrency, runner.timeout)  # the limit applies there
         self._timeout = runner.timeout
         pool = self._pool
         if pool is not None and len(pool.members) == size:
-            pool.reload(load)
+            pool.reload(sent)
         else:
             if pool is not None:
                 pool.close()
@@ -705,7 +239,7 @@ class RayExecutor:
             }
             if self.runtime_env is not None:
                 options["runtime_env"] = _uploaded(self.runtime_env)
-            pool = _Pool(ray.remote(_RolloutActor).options(**options), size, load)
+            pool = Pool(ray.remote(RolloutActor).options(**options), size, sent)
         self._pool = None
         try:
             first = self._first_ready(pool)
@@ -715,7 +249,7 @@ class RayExecutor:
             raise
         self._pool = pool
 
-    def _first_ready(self, pool: _Pool) -> tuple[_Member, dict[str, Any]]:
+    def _first_ready(self, pool: Pool) -> tuple[Member, dict[str, Any]]:
         """The first actor to start, and what it said: the bind-time check of the worker."""
         pending = {m.ready: m for m in pool.members}
         deadline = time.monotonic() + _START_TIMEOUT
@@ -738,11 +272,9 @@ class RayExecutor:
                         "version as here)? Install it there, or send it with "
                         "runtime_env={'pip': ['arttrace[ray]']}"
                     ) from None
-                member.where = dict(info.get("where") or {})
-                member.state = "idle"
-                pool._idle.append(member)
+                pool.started(member, info)
                 return member, info
-            if not warned and not self._placeable():
+            if not warned and not placeable(self._request()):
                 if _local:
                     raise self._unplaceable()
                 _log.warning("arttrace: RayExecutor: %s; waiting for one", self._unplaceable())
@@ -755,7 +287,7 @@ class RayExecutor:
                 )
 
     def _check(
-        self, first: tuple[_Member, dict[str, Any]], blobs: list[bytes], examples: Sequence[Any]
+        self, first: tuple[Member, dict[str, Any]], blobs: list[bytes], examples: Sequence[Any]
     ) -> None:
         member, info = first
         if info["format"] != FORMAT:
@@ -765,63 +297,45 @@ class RayExecutor:
                 "on every node"
             )
         if info["error"] is not None:
-            raise ConfigurationError(_load_message(**info["error"]))
+            raise ConfigurationError(load_message(**info["error"]))
         bad = ray.get(member.actor.check.remote(blobs)) if blobs else None
         if bad is not None:
             index, error = bad
-            error["what"] = _example_name(index, examples[index])
-            raise ConfigurationError(_load_message(**error))
+            error["what"] = example_name(index, examples[index])
+            raise ConfigurationError(load_message(**error))
 
     def _size(self, concurrency: int) -> int:
         """The pool's size: ``max_in_flight``, else the Trainer's ``concurrency`` cut to the
         rollouts the cluster's nodes can hold at once (an actor that cannot be placed would
         wait for good, unless an autoscaler adds a node). Either way, said once when the
         cluster cannot place them all now."""
-        capacity = self._capacity()
+        fits = capacity(self._request())
         size = self.max_in_flight or concurrency
-        if capacity is None or capacity >= size or capacity == 0:  # 0: _first_ready says why
+        if fits is None or fits >= size or fits == 0:  # 0: _first_ready says why
             return size
         room = (
-            f"the cluster's nodes have room for {capacity} at a time "
-            f"({self._request_text()} each; they have {self._resources_text()})"
+            f"the cluster's nodes have room for {fits} at a time "
+            f"({self._request_text()} each; they have {cluster_resources()})"
         )
         if self.max_in_flight is None:
             _log.info(
                 "arttrace: RayExecutor: %d rollout actor(s), not the Trainer's "
                 "max_concurrency=%d: %s. Give max_in_flight to ask for more (an autoscaler "
                 "adds nodes for them)",
-                capacity,
+                fits,
                 concurrency,
                 room,
             )
-            return capacity
+            return fits
         _log.warning(
             "arttrace: RayExecutor: %d of the %d rollout actors (max_in_flight) wait for room: "
             "%s. They hold up no rollout, and start when a node has room (an autoscaler adds "
             "nodes for them); a smaller max_in_flight leaves them out",
-            size - capacity,
+            size - fits,
             size,
             room,
         )
         return size
-
-    def _capacity(self) -> int | None:
-        """How many rollout actors the cluster's live nodes can hold at once (``None``: no
-        limit, a rollout holds nothing)."""
-        request = self._request()
-        if not request:
-            return None
-        return sum(
-            min(math.floor(float(have.get(k, 0)) / v + 1e-9) for k, v in request.items())
-            for have in _live_resources()
-        )
-
-    def _resources_text(self) -> str:
-        totals: dict[str, float] = {}
-        for have in _live_resources():
-            for k, v in _shown(have).items():
-                totals[k] = totals.get(k, 0) + v
-        return _resources(totals) or "nothing"
 
     def _request(self) -> dict[str, float]:
         return {
@@ -836,18 +350,10 @@ class RayExecutor:
             parts.append(f"resources={self.resources}")
         return ", ".join(parts)
 
-    def _placeable(self) -> bool:
-        """Whether a node of the cluster as it is now could ever hold one rollout actor."""
-        request = self._request()
-        return any(
-            all(have.get(k, 0) >= v for k, v in request.items()) for have in _live_resources()
-        )
-
     def _unplaceable(self) -> ConfigurationError:
-        have = "; ".join(_resources(_shown(r)) for r in _live_resources())
         return ConfigurationError(
             f"no node of the Ray cluster can hold one rollout ({self._request_text()}); "
-            f"its nodes have: {have or 'nothing'}. Ask for less per rollout, or add a node "
+            f"its nodes have: {node_resources()}. Ask for less per rollout, or add a node "
             "that has it"
         )
 
@@ -882,22 +388,14 @@ class RayExecutor:
 
     # -- run -------------------------------------------------------------------------------
 
-    async def run(
-        self,
-        example_id: str,
-        example: Any,
-        metadata: Callable[[], dict[str, MetadataValue]],
-    ) -> Trajectory:
+    async def run(self, example_id: str, example: Any, metadata: Metadata) -> Trajectory:
         """One rollout on the cluster; see the class docstring for retries and failures.
         ``metadata()`` is asked each time a worker takes the rollout (a retry samples from the
         policy of its own time)."""
         if self._pool is None:
             raise RuntimeError("RayExecutor.run before bind: pass it to a Trainer")
         pool = self._pool
-        settings = _context.shim_settings()
-        wanted = (
-            None if settings is None else (settings.request_training_data, settings.export_tokens)
-        )
+        wanted = driver_capture()
         started = time.time()
         causes: list[str] = []
         attempts = self.max_retries + 1
@@ -905,13 +403,13 @@ class RayExecutor:
         for attempt in range(1, attempts + 1):
             try:
                 member = await pool.acquire(retry=attempt > 1)
-            except _PoolBroken as broken:
+            except PoolBroken as broken:
                 cause = broken.__cause__ or broken
                 message = (
                     f"no Ray worker could start a rollout actor ({_summary(cause)}); "
                     "check the nodes' logs (ray logs) and the runtime_env"
                 )
-                return _failed(
+                return failed(
                     example_id, meta, type(cause).__name__, message, _trace(cause), started
                 )
             meta = {**metadata(), **member.where}  # once it starts: the policy it samples from
@@ -927,7 +425,7 @@ class RayExecutor:
                 raise
             except TimeoutError:  # the worker did not stop the run: its event loop is stuck
                 pool.lost(member)
-                return _failed(
+                return failed(
                     example_id, meta, "RolloutTimeoutError", _stuck(self._timeout), "", started
                 )
             except _WORKER_LOST as error:
@@ -944,7 +442,7 @@ class RayExecutor:
                         attempts,
                     )
                     continue
-                return _failed(
+                return failed(
                     example_id,
                     meta,
                     type(error).__name__,
@@ -956,7 +454,7 @@ class RayExecutor:
                 pool.release(member)
                 cause = getattr(error, "cause", None) or error
                 message = f"the rollout failed on its Ray worker: {_summary(error)}"
-                return _failed(
+                return failed(
                     example_id, meta, type(cause).__name__, message, _trace(error), started
                 )
             pool.release(member)
@@ -964,7 +462,7 @@ class RayExecutor:
                 return thaw(blob)
             except Exception as error:
                 message = f"the trajectory a Ray worker sent could not be read: {error}"
-                return _failed(
+                return failed(
                     example_id, meta, type(error).__name__, message, _trace(error), started
                 )
         raise AssertionError("unreachable")  # pragma: no cover
@@ -1018,24 +516,6 @@ def _uploaded(runtime_env: dict[str, Any]) -> dict[str, Any]:
             "ray.init(runtime_env=...) before building the Trainer instead, and no "
             "runtime_env to RayExecutor"
         ) from error
-
-
-def _live_resources() -> list[dict[str, float]]:
-    """The resources of each live node of the cluster."""
-    return [node["Resources"] for node in _nodes() if node.get("Alive")]
-
-
-def _shown(resources: Mapping[str, float]) -> dict[str, float]:
-    """What a user asks a rollout for (not Ray's per-node and memory entries)."""
-    return {
-        k: v
-        for k, v in resources.items()
-        if "node:" not in k and k not in ("memory", "object_store_memory")
-    }
-
-
-def _resources(resources: Mapping[str, float]) -> str:
-    return ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()))
 
 
 _TIMEOUT_GRACE = 30.0
