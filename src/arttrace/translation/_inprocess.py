@@ -35,7 +35,7 @@ def configure(value: str | Iterable[str] | None) -> None:
     registered, for them and for the runs that choose their own."""
     global _process
     _process = apis(value)
-    _context.set_send_hooks((_sending, _asending))
+    _context.set_send_hooks(_HOOKS)
 
 
 def active() -> bool:
@@ -43,20 +43,20 @@ def active() -> bool:
     return bool(_process) or _context.runs_translate
 
 
-def _sending(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    if not active():
-        return None
-    from . import _send  # httpx is imported (this is its send): what needs it can load
+def _hook(is_async: bool) -> _context.SendHook:
+    """The send hook of ``Client.send`` (of ``AsyncClient.send`` when ``is_async``)."""
 
-    return _send.send(wrapped, instance, args, kwargs)
+    def hook(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if not active():
+            return None
+        from . import _send  # httpx is imported (this is its send): what needs it can load
+
+        return _send.send(wrapped, instance, args, kwargs, apis_here(), aside.get(), is_async)
+
+    return hook
 
 
-def _asending(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    if not active():
-        return None
-    from . import _send
-
-    return _send.asend(wrapped, instance, args, kwargs)
+_HOOKS = (_hook(is_async=False), _hook(is_async=True))
 
 
 def apis_here() -> frozenset[str]:

@@ -1,7 +1,8 @@
 """The translated httpx ``send``: a call in a protocol this process or run translates
 (:mod:`._inprocess`) is sent as a Chat Completions call through the same client, recorded by
 the HTTP layer as one (:mod:`arttrace.capture._http_httpx`, which calls :func:`send` and
-:func:`asend` through the hooks :mod:`._inprocess` registers), and answered in the caller's
+:func:`asend` through the hooks :mod:`._inprocess` registers, and which tell them the
+protocols translated here and whether the SDK shim stood aside), and answered in the caller's
 protocol, whole or streamed.
 
 Loaded by the first send that may be translated: httpx (or httpx2) is imported by then.
@@ -22,7 +23,6 @@ from ..capture._http import Exchange, open_exchange, starting
 from ..capture._http_httpx import auth_headers, library_of, watch, with_request
 from ..capture._sse import EventReader
 from ._base import Translation, TranslationError
-from ._inprocess import apis_here, aside
 from ._registry import open_translation, refusal, upstream_message
 from ._responses import Chains
 
@@ -41,23 +41,37 @@ def chains() -> Chains:
     return _chains
 
 
-def api_of(method: str, path: str) -> str | None:
-    """The protocol a request speaks, if it is translated here (``None``: send it as is)."""
+def api_of(method: str, path: str, apis: frozenset[str]) -> str | None:
+    """The protocol a request speaks, if it is one of ``apis`` (``None``: send it as is)."""
     if method.upper() != "POST":
         return None
     path = path.rstrip("/")
     for suffix, api in _SUFFIXES:
         if path.endswith(suffix) and "/threads/" not in path:  # not the Assistants API's
-            return api if api in apis_here() else None
+            return api if api in apis else None
     return None
 
 
-def send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """The answer of an httpx ``Client.send`` translated here, or ``None`` to send it as is."""
-    translated = _translating(args, kwargs)
-    if not isinstance(translated, Translated):  # not translated, or the caller's 400
+def send(
+    wrapped: Any,
+    instance: Any,
+    args: Any,
+    kwargs: dict[str, Any],
+    apis: frozenset[str],
+    aside: bool,
+    is_async: bool,
+) -> Any:
+    """The answer of an httpx ``Client.send`` in one of ``apis`` (of ``AsyncClient.send`` when
+    ``is_async``: a coroutine of it), or ``None`` to send it as is; ``aside``: the SDK shim
+    stood aside for the call (the HTTP layer records it)."""
+    translated = _translating(args, kwargs, apis)
+    if translated is None:
+        return None
+    if is_async:
+        return _asend(wrapped, instance, args, kwargs, translated, aside)
+    if not isinstance(translated, Translated):  # the caller's 400
         return translated
-    exchange, args, kwargs = _chat(translated, instance, args, kwargs)
+    exchange, args, kwargs = _chat(translated, instance, args, kwargs, aside)
     with _context.sending(None if exchange is None else exchange.failed):
         response = wrapped(*args, **kwargs)
     response = _watched(exchange, response, kwargs)
@@ -70,20 +84,12 @@ def send(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     return translated.answer(response.status_code, data)
 
 
-def asend(wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """:func:`send` for ``AsyncClient.send``: a coroutine of the answer, or ``None``."""
-    translated = _translating(args, kwargs)
-    if translated is None:
-        return None
-    return _asend(wrapped, instance, args, kwargs, translated)
-
-
 async def _asend(
-    wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any], translated: Any
+    wrapped: Any, instance: Any, args: Any, kwargs: dict[str, Any], translated: Any, aside: bool
 ) -> Any:
     if not isinstance(translated, Translated):  # the caller's 400
         return translated
-    exchange, args, kwargs = _chat(translated, instance, args, kwargs)
+    exchange, args, kwargs = _chat(translated, instance, args, kwargs, aside)
     with _context.sending(None if exchange is None else exchange.failed):
         response = await wrapped(*args, **kwargs)
     response = _watched(exchange, response, kwargs)
@@ -97,7 +103,7 @@ async def _asend(
 
 
 @starting
-def _translating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _translating(args: tuple[Any, ...], kwargs: dict[str, Any], apis: frozenset[str]) -> Any:
     """The translation of this ``send`` (or the caller's 400 when it cannot be translated),
     or ``None`` to send it as it is."""
     if _context.shim_settings() is None:
@@ -106,20 +112,20 @@ def _translating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     lib = library_of(request, "Request")
     if lib is None:
         return None
-    api = api_of(request.method, request.url.path)
+    api = api_of(request.method, request.url.path, apis)
     if api is None or _context.records_itself(request.url.host, request.url.port):
         return None  # not translated here, or a gateway of this process decides
     return Translated.open(api, request, lib)
 
 
 def _chat(
-    translated: Translated, instance: Any, args: Any, kwargs: dict[str, Any]
+    translated: Translated, instance: Any, args: Any, kwargs: dict[str, Any], aside: bool
 ) -> tuple[Exchange | None, Any, dict[str, Any]]:
     """The record of a translated call (``None`` when nothing keeps it, or a layer above
     records it) and the ``send`` arguments of its Chat Completions request."""
     body = orjson.dumps(translated.translation.upstream_body)
     exchange = None
-    if _context.recording() and (not _context.capturing.get() or aside.get()):
+    if _context.recording() and (not _context.capturing.get() or aside):
         url = translated.request.url
         opened = open_exchange(
             "chat/completions",
@@ -135,7 +141,7 @@ def _chat(
         if opened is not None:
             exchange, sent = opened
             body = sent if sent is not None else body
-            if aside.get():
+            if aside:
                 _named(exchange)
     args, kwargs = with_request(translated.chat_request(body), args, kwargs)
     return exchange, args, kwargs
