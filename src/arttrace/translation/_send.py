@@ -30,15 +30,8 @@ if TYPE_CHECKING:
     import httpx  # or httpx2
 
 _SUFFIXES = (("/responses", "responses"), ("/messages", "messages"))
-_chains: Chains | None = None
-
-
-def chains() -> Chains:
-    """This process's ``previous_response_id`` chains."""
-    global _chains
-    if _chains is None:
-        _chains = Chains()
-    return _chains
+_CHAINS = Chains()
+"""This process's ``previous_response_id`` chains."""
 
 
 def api_of(method: str, path: str, apis: frozenset[str]) -> str | None:
@@ -182,7 +175,7 @@ class Translated:
             body = orjson.loads(request.content)
             if not isinstance(body, dict):
                 raise TranslationError("the request body is not a JSON object")
-            return Translated(api, request, open_translation(api, body, chains()), lib)
+            return Translated(api, request, open_translation(api, body, _CHAINS), lib)
         except (TranslationError, orjson.JSONDecodeError) as error:
             message = f"arttrace: {error}"
             response: httpx.Response = lib.Response(
