@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING
 import openai
 
 import arttrace as at
+from arttrace._journal import Journal
 from arttrace.rewards import ruler
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
-from arttrace.training._journal import Journal
 
 if TYPE_CHECKING:  # ART loads when used: the servers' processes import this module too
     import art
