@@ -51,11 +51,13 @@ setup-test: $(UV)
 demo: setup
 	$(BIN)/arttrace demo
 
-RUFF := $(BIN)/ruff check src tests bench examples docs && \
-  $(BIN)/ruff format --check src tests bench examples docs/_ext
+# ruff, and the layering (CONTRIBUTING.md) held by import-linter's contracts in pyproject.toml.
+LINT := $(BIN)/ruff check src tests bench examples docs && \
+  $(BIN)/ruff format --check src tests bench examples docs/_ext && \
+  $(BIN)/lint-imports --no-cache
 
 lint: setup-test
-	$(RUFF)
+	$(LINT)
 	$(BIN)/mypy
 
 docs: setup-test
@@ -80,7 +82,7 @@ LANE_TESTS := $(wildcard tests/test_gateway*.py tests/test_translation*.py) \
   tests/test_import_order.py tests/test_openai_agents.py tests/test_google_adk.py \
   tests/test_llama_index.py tests/test_langchain.py tests/test_http_frameworks.py
 test: setup-test $(CHROMIUM)
-	$(RUFF)
+	$(LINT)
 	$(BIN)/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(BIN)/pytest -q -p no:cacheprovider $(SIDE_TESTS) > .pytest-side.out 2>&1 & side=$$!; \
 	$(BIN)/pytest -q -p no:cacheprovider $(LANE_TESTS) > .pytest-lane.out 2>&1 & lane=$$!; \
