@@ -73,14 +73,12 @@ $(CHROMIUM):
 # The lint as `make lint`, mypy (about 40 s cold, one core) beside the tests, not before them.
 # The suite keeps about one core busy on average (servers, subprocesses, a browser, a Ray
 # cluster wait more than they compute): it runs as three pytest processes side by side (the
-# slowest files; the gateway, translation, framework and import-order files; the rest), and
-# mypy beside them.
-SIDE_TESTS := tests/test_ray_executor.py tests/test_rollout_timeout.py tests/test_viewer.py \
-  tests/test_store.py tests/test_exports.py tests/test_cpu_backend.py tests/test_docs.py \
-  tests/test_notebook.py
-LANE_TESTS := $(wildcard tests/test_gateway*.py tests/test_translation*.py) \
-  tests/test_import_order.py tests/test_openai_agents.py tests/test_google_adk.py \
-  tests/test_llama_index.py tests/test_langchain.py tests/test_http_frameworks.py
+# slowest folders and files; the gateway, translation, integrations and import-order tests; the
+# rest), and mypy beside them.
+SIDE_TESTS := tests/executors tests/viewer tests/store tests/exports \
+  tests/training/test_cpu_backend.py tests/app/test_docs.py tests/app/test_notebook.py
+LANE_TESTS := tests/gateway tests/translation tests/integrations tests/capture/test_import_order.py
+
 test: setup-test $(CHROMIUM)
 	$(LINT)
 	$(BIN)/mypy > .mypy.out 2>&1 & mypy=$$!; \

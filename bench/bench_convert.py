@@ -5,7 +5,7 @@ once through the in-process ScriptedLLM transport. Then, in alternating order ea
 
 - ``direct``: ``Trajectory.to_art()`` as shipped (each token's logprob object built directly);
 - ``validated``: the same, with each trainable turn's Choice made by ``Choice.model_validate``
-  of plain dicts, as before (the reference ``tests/test_art_convert.py`` holds it equal to).
+  of plain dicts, as before (the reference ``tests/capture/test_art_convert.py`` holds it equal to).
 
 Per arm: CPU time of this thread (``thread_time``: steadier than wall time on a busy machine)
 for converting all 512 runs with the collector off (as the Trainer does), for one full

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at litellm import
 
@@ -18,21 +16,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import arttrace as at
 from arttrace.capture import _warnings
 from arttrace.testing import LLMServer, ScriptedLLM, serve
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two numbers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
 
 
 @pytest.fixture
@@ -88,15 +71,3 @@ def clients(
     yield make
     for client in made:
         client.close()
-
-
-@contextlib.contextmanager
-def warnings_are_errors() -> Iterator[None]:
-    """Any warning given in the block fails the test (nothing of arttrace's may reach the
-    caller), except a ResourceWarning: the garbage collector may collect an earlier test's
-    leftover socket during the block, which is not the block's doing (ignored, as Python's
-    default filters do)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        warnings.simplefilter("ignore", ResourceWarning)
-        yield

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXTRA_TOKENS = [("<tool_response>", 151665), ("</tool_response>", 151666)]
 THINK_TOKENS = [("<think>", 151667), ("</think>", 151668)]
 STAMP = "arttrace-tiny-qwen2.json"
-# Qwen2.5-Instruct's prompt ids for one user message "Hello world" (tests/test_art_accepts.py).
+# Qwen2.5-Instruct's prompt ids for one user message "Hello world" (tests/training/test_art_accepts.py).
 HELLO_WORLD = [151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446]
 HELLO_WORLD += [525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198, 9707, 1879, 151645]
 HELLO_WORLD += [198, 151644, 77091, 198]

@@ -5,7 +5,7 @@ tokenizer requires of a trainable turn).
 A Choice carries one pydantic object per sampled token, the bulk of a training step's
 conversion to ART. Those objects are built here as ``model_validate`` would build them, without
 checking again what the record's types already guarantee (``bench/bench_convert.py``: a
-5-20% saving; allocating them is most of the cost); ``tests/test_art_convert.py`` holds them
+5-20% saving; allocating them is most of the cost); ``tests/capture/test_art_convert.py`` holds them
 equal to validated ones."""
 
 from __future__ import annotations

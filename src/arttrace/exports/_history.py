@@ -1,7 +1,7 @@
 """A run's conversations as ART trains on them, read straight off its records (no ``art``
 import, no per-token objects): the messages ``to_art()`` gives, in the form ART's
 ``Trajectory.messages()`` renders them, and the token sequences ART's tokenizer assembles from
-its trainable turns. ``tests/test_exports.py`` holds both equal to ART's own functions."""
+its trainable turns. ``tests/exports/test_exports.py`` holds both equal to ART's own functions."""
 
 from __future__ import annotations
 
