@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..capture._context import TRANSLATABLE
 from ..gateway import _options
 from ._args import add_command, checked, listen_fix, port
 
@@ -107,10 +108,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _translate_problem(value: str) -> str | None:
-    apis = ("responses", "messages")  # arttrace.translation.APIS, without importing it here
     names = {n.strip().lower() for n in value.split(",") if n.strip()}
-    if not names or names - set(apis):
-        return f"must be {' or '.join(apis)} or both, comma-separated; got {value!r}"
+    if not names or names - set(TRANSLATABLE):
+        return f"must be {' or '.join(TRANSLATABLE)} or both, comma-separated; got {value!r}"
     return None
 
 
