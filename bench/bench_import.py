@@ -83,7 +83,7 @@ def main(rounds: int, training_rounds: int) -> None:
     for clock, values in (("wall", times), ("CPU", cpus)):
         print(f"  {clock} seconds of the whole child process:")
         base = values[BASELINE]
-        for arm in names:
+        for arm in [a for a in names if values[a]]:  # --training-rounds 0: none
             walls = values[arm]
             above = [w - b for w, b in zip(walls, base, strict=False)]  # training: fewer rounds
             line = f"    {arm:31s} min {min(walls):6.3f}  median {statistics.median(walls):6.3f}"

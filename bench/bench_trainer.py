@@ -188,7 +188,7 @@ def install_probes() -> None:
             PROBE.seconds["gc at grouped"] = GC.seconds
 
     step_module.build_groups = grouped
-    bar = report_module.tqdm
+    bar = report_module.text_bar  # the progress bar class the Trainer draws with
     for method in ("__init__", "update", "set_postfix", "close"):
         PROBE.wrap(bar, method, "progress", wall)
     PROBE.wrap(report_module, "reward_plot", "plot", cpu)  # in a worker thread
