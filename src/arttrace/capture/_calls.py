@@ -338,6 +338,8 @@ def _request_attributes(
             attrs[name] = value
     if call.agent:
         attrs["arttrace.agent"] = call.agent
+    if call.policy:
+        attrs["arttrace.policy"] = call.policy
     if call.source != "openai":
         attrs["arttrace.framework"] = call.source
     if trajectory is not None:

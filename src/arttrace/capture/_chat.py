@@ -129,6 +129,7 @@ class Capture(OpenCall):
             },
             trainable=scope is not None,
             agent=scope.name if scope else None,
+            policy=scope.policy if scope else None,
             streamed=bool(kwargs.get("stream")),
         )
         self._choices: dict[int, _StreamedChoice] = {}

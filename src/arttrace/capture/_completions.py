@@ -38,6 +38,7 @@ class CompletionsCall(OpenCall):
             messages=[{"role": "user", "content": prompt if isinstance(prompt, str) else None}],
             params={k: jsonable(v) for k, v in body.items() if k not in ("prompt", "model")},
             agent=scope.name if scope else None,
+            policy=scope.policy if scope else None,
             streamed=bool(body.get("stream")),
         )
         if not isinstance(prompt, str):

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 class TrainableScope:
     name: str
     model: str | None = None
+    policy: str | None = None
+    """The policy its turns belong to, when the function names one (``@trainable(policy=...)``):
+    recorded on each call (``LLMCall.policy``), where two roles share one model name."""
 
     def accepts(self, model: str) -> bool:
         return self.model is None or self.model == model

@@ -11,7 +11,7 @@ import itertools
 import json
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,9 @@ class LLMCall:
     """Made inside a ``@trainable`` function (whose model filter, if any, it matched)."""
     agent: str | None = None
     """Name of the innermost ``@trainable`` function the call was made in."""
+    policy: str | None = None
+    """The policy that ``@trainable`` function named (``@trainable(policy="planner")``), or
+    ``None``: then the call's ``model`` says whose turn it is."""
     streamed: bool = False
     source: str = "openai"
     """The layer that recorded the call: ``"openai"`` (the SDK shim), ``"http"`` (an HTTP
@@ -221,6 +224,7 @@ class LLMCall:
             "usage": self.usage,
             "trainable": self.trainable,
             "agent": self.agent,
+            "policy": self.policy,
             "streamed": self.streamed,
             "source": self.source,
             "framework": self.framework,
@@ -241,6 +245,24 @@ class LLMCall:
             choices=[ChoiceRecord.from_dict(c) for c in data.get("choices", [])],
             prompt_token_ids=None if prompt is None else compact_ids(prompt),
         )
+
+
+PolicyMatcher = str | Collection[str] | Callable[[LLMCall], bool]
+"""Which turns a policy claims (``Trajectory.to_art(policy=...)``): a callable given each
+policy turn's call, or one name or a collection of names (:func:`policy_claims`)."""
+
+
+def policy_claims(policy: PolicyMatcher, call: LLMCall) -> bool:
+    """Whether ``policy`` claims ``call``. Names match the policy its ``@trainable`` function
+    named (``call.policy``) when it named one, else the model the call was sent to: the
+    name itself, or a LoRA step of it as vLLM serves it (``planner-001@7`` for
+    ``planner-001``). A callable decides itself."""
+    if callable(policy):
+        return bool(policy(call))
+    names = {policy} if isinstance(policy, str) else set(policy)
+    if call.policy is not None:
+        return call.policy in names
+    return call.model in names or call.model.rpartition("@")[0] in names
 
 
 def field_of(obj: Any, name: str) -> Any:

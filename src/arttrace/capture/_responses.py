@@ -144,6 +144,7 @@ class ResponsesCall(OpenCall):
             params={k: jsonable(v) for k, v in body.items() if k not in _NOT_PARAMS and given(v)},
             trainable=scope is not None,
             agent=scope.name if scope else None,
+            policy=scope.policy if scope else None,
             streamed=bool(body.get("stream")),
         )
         self._items: list[dict[str, Any]] = []

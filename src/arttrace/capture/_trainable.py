@@ -24,21 +24,31 @@ _tracer = trace.get_tracer("arttrace")
 @overload
 def trainable(fn: F, /) -> F: ...
 @overload
-def trainable(*, name: str | None = None, model: str | None = None) -> Callable[[F], F]: ...
+def trainable(
+    *, name: str | None = None, model: str | None = None, policy: str | None = None
+) -> Callable[[F], F]: ...
 
 
 def trainable(
-    fn: F | None = None, /, *, name: str | None = None, model: str | None = None
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    model: str | None = None,
+    policy: str | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a function (sync, async, generator or async generator) whose LLM calls are trained.
 
     ``name`` labels its span and its calls (default: the function's qualified name); ``model``
     limits the policy to calls to that model (a judge called inside stays context). Nested
     ``@trainable`` functions are fine: a call is a policy turn if any enclosing one accepts it.
+    ``policy`` names the policy its turns belong to (recorded as ``LLMCall.policy``; the
+    innermost accepting function's counts), for roles that share one model name: without it,
+    a turn belongs to the policy of the model it was sent to (``Trajectory.to_art(policy=...)``).
     """
 
     def decorate(fn: F) -> F:
-        scope = TrainableScope(name or fn.__qualname__, model)
+        scope = TrainableScope(name or fn.__qualname__, model, policy)
         if inspect.isasyncgenfunction(fn):
             return cast(F, _wrap_async_generator(fn, scope))
         if inspect.isgeneratorfunction(fn):
@@ -67,6 +77,8 @@ def _span(scope: TrainableScope) -> Iterator[Span]:
     attributes: dict[str, str] = {"arttrace.agent": scope.name}
     if scope.model:
         attributes["arttrace.policy_model"] = scope.model
+    if scope.policy:
+        attributes["arttrace.policy"] = scope.policy
     span = _tracer.start_span(f"trainable {scope.name}", attributes=attributes)
     try:
         yield span

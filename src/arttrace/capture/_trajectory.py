@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from collections.abc import Iterable
 from contextvars import Token
 from pathlib import Path
@@ -21,7 +22,7 @@ from ._calls import CallLog
 from ._conversations import Conversation, assemble, main_first
 from ._guard import guarded
 from ._layers import merge_layers
-from ._records import LLMCall
+from ._records import LLMCall, PolicyMatcher, policy_claims
 from ._redact import exception_attributes
 from ._warnings import warn_nothing_to_train
 
@@ -163,22 +164,39 @@ class Trajectory:
         is one call (the layer merge, in ``arttrace.capture._layers``)."""
         return merge_layers(self.call_log.records)
 
-    def conversations(self) -> list[Conversation]:
+    def conversations(self, policy: PolicyMatcher | None = None) -> list[Conversation]:
         """The calls assembled into conversations, the main one first: the agent's
         longest-running one, whose last turn is the run's answer
-        (``arttrace.capture._conversations.main_first``)."""
-        return main_first(assemble(self.calls))
+        (``arttrace.capture._conversations.main_first``). With ``policy``, as that policy
+        sees them (:meth:`to_art`): only its turns are policy turns."""
+        calls = self.calls
+        if policy is not None:
+            calls = [
+                c if not c.trainable or policy_claims(policy, c) else replace(c, trainable=False)
+                for c in calls
+            ]
+        return main_first(assemble(calls))
 
     @property
     def trainable_turns(self) -> int:
         return sum(c.trainable_turns for c in self.conversations())
 
-    def to_art(self, tokenizer: Any = None) -> art.Trajectory:
+    def to_art(
+        self, tokenizer: Any = None, *, policy: PolicyMatcher | None = None
+    ) -> art.Trajectory:
         """This run as an ``art.Trajectory``: the main conversation in ``messages_and_choices``,
         the others in ``additional_histories``, each trainable turn an OpenAI ``Choice``. Its
         metadata adds the run's token continuity (``continuity_*`` and ``art_sequences``, the
         sequences ART will train it as; ``docs/continuity.md``). ``tokenizer``: the model's,
-        to tell the causes of breaks apart (else one is looked for on this machine)."""
+        to tell the causes of breaks apart (else one is looked for on this machine).
+
+        ``policy``: the trajectory of one policy of a system of several. Only the policy turns
+        it claims are trainable Choices; every other policy turn is a context message, as a
+        call outside ``@trainable`` is. It is a policy name or a collection of names, matching
+        the name a call's ``@trainable(policy=...)`` gave it, else the model the call was sent
+        to (``"planner-001"`` also claims ``"planner-001@7"``, the LoRA of a step as vLLM
+        serves it); or a callable ``(LLMCall) -> bool``. Without it, every policy turn is
+        trainable (one policy)."""
         if self._reward is None:
             raise ConfigurationError(
                 f"trajectory {self.example_id!r} has no reward: set `t.reward = ...` "
@@ -187,7 +205,7 @@ class Trajectory:
         from ._art import history, messages_and_choices  # ART loads on first use
         from ._continuity import continuity
 
-        main, *others = self.conversations() or [Conversation()]
+        main, *others = self.conversations(policy) or [Conversation()]
         checked: dict[str, int] = {}
         with guarded("checking a run's token continuity"):
             checked = continuity([main, *others], tokenizer).metadata()

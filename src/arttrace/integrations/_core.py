@@ -64,6 +64,7 @@ class FrameworkCall(OpenCall):
             params={k: jsonable(v) for k, v in (params or {}).items() if v is not None},
             trainable=scope is not None,
             agent=scope.name if scope else None,
+            policy=scope.policy if scope else None,
             source=framework,
             framework=framework,
             step=step,
