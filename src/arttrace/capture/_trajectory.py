@@ -6,9 +6,9 @@ import json
 import math
 import os
 import time
-from dataclasses import replace
 from collections.abc import Iterable
 from contextvars import Token
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
