@@ -19,7 +19,17 @@ if TYPE_CHECKING:
 
 ORDERS = ("step", "-step", "reward", "-reward", "id", "-id")
 """``arttrace.store.ORDERS``' names, here so that building the parser imports nothing."""
-_FILTERS = ("step", "split", "example", "min_reward", "max_reward", "cause", "text", "node")
+_FILTERS = (
+    "step",
+    "split",
+    "example",
+    "min_reward",
+    "max_reward",
+    "cause",
+    "text",
+    "node",
+    "policy",
+)
 _DESCRIPTION = (
     "Summarise run folders: a Trainer's output_dir, an `arttrace gateway --out` folder, a saved "
     "trajectory (.json) or a folder of them. One line per folder: steps, runs, mean reward of "
@@ -36,6 +46,7 @@ examples:
   arttrace runs runs/train --groups --step 3       each group: rewards, spread, why not shipped
   arttrace runs runs/train --step 3 --min-reward 0.5 --text refund
   arttrace runs runs/train --cause "no logprobs" --json | jq .id
+  arttrace runs runs/train --policy planner        runs holding a turn of the planner
   arttrace runs runs/train --show 201326593        one run whole (JSON), by its id
 """
 
@@ -117,6 +128,12 @@ def add_runs_command(subparsers: Any) -> None:
         "--node",
         help="runs made on this Ray node (RayExecutor), by its id or its address (default: any)",
     )
+    filters.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="runs holding a turn of this policy (a Trainer of several policies, whose summary "
+        "line names them); with --groups, that policy's groups (default: any)",
+    )
     parser.add_argument(
         "--order",
         choices=ORDERS,
@@ -159,7 +176,7 @@ def run_runs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 elif args.steps:
                     _steps(store, out)
                 elif args.groups:
-                    _groups(store, args.step, out)
+                    _groups(store, args.step, args.policy, out)
                 elif args.causes:
                     for cause, runs in store.causes().items():
                         out.row(store, {"cause": cause, "runs": runs})
@@ -198,6 +215,7 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
         "cause": args.cause,
         "text": args.text,
         "node": args.node,
+        "policy": args.policy,
     }
 
 
@@ -206,6 +224,7 @@ def _trajectories(store: RunStore, args: argparse.Namespace, out: _Output, many:
         **_filters(args), order=args.order, limit=args.limit or None, offset=args.offset
     )
     located = any(row.node_id for row in rows)
+    several = len(store.policies()) > 1
     for row in rows:
         if out.json:
             data = dataclasses.asdict(row)
@@ -222,6 +241,10 @@ def _trajectories(store: RunStore, args: argparse.Namespace, out: _Output, many:
             "causes": "; ".join(row.causes),
             "exception": "" if row.exception_type is None else row.exception_type,
         }
+        if several:  # a Trainer of several policies: each run's, and its reward for each
+            shown["policies"] = " ".join(
+                f"{p}={_text(row.reward_for(p))}" if row.policy_rewards else p for p in row.policies
+            )
         if located:  # made on Ray: the node (address, id's start) and worker process
             shown["ran on"] = (
                 f"{row.node_address} {row.node_id[:8]} pid {row.worker_pid}" if row.node_id else ""
@@ -235,11 +258,26 @@ def _trajectories(store: RunStore, args: argparse.Namespace, out: _Output, many:
 
 
 def _steps(store: RunStore, out: _Output) -> None:
-    validation = {v.step: v.reward_mean for v in store.validations()}
-    for s in store.steps():
+    validations = store.validations()
+    validation = {v.step: v.reward_mean for v in validations}
+    steps = store.steps()
+    policies = [p for p in store.policies() if any(f"{p}/reward_mean" in s.metrics for s in steps)]
+    by_policy = {p: {v.step: v.of_policy(p).reward_mean for v in validations} for p in policies}
+    for s in steps:
         if out.json:
-            out.row(store, {**dataclasses.asdict(s), "val_reward": validation.get(s.step)})
+            own = {
+                p: {**dataclasses.asdict(s.of_policy(p)), "val_reward": by_policy[p].get(s.step)}
+                for p in policies
+            }
+            extra = {"policies": own} if own else {}
+            out.row(store, {**dataclasses.asdict(s), "val_reward": validation.get(s.step), **extra})
             continue
+        each: dict[str, Any] = {}
+        for p in policies:  # several policies: each one's reward, validation and groups
+            mine = s.of_policy(p)
+            each[f"{p} reward"] = _pm(mine.reward_mean, mine.reward_std)
+            each[f"{p} val"] = by_policy[p].get(s.step)
+            each[f"{p} shipped"] = f"{mine.groups_kept}/{mine.groups_total}"
         out.row(
             store,
             {
@@ -253,6 +291,7 @@ def _steps(store: RunStore, out: _Output) -> None:
                 "policy lag": s.policy_lag,
                 "rollout s": s.rollout_seconds,
                 "train s": s.train_seconds,
+                **each,
             },
             labelled=False,
         )
@@ -260,10 +299,10 @@ def _steps(store: RunStore, out: _Output) -> None:
         out.note(f"{store.path}: no step recorded ({store.kind}: no metrics.jsonl line yet)")
 
 
-def _groups(store: RunStore, step: int | None, out: _Output) -> None:
+def _groups(store: RunStore, step: int | None, policy: str | None, out: _Output) -> None:
     steps = [step] if step is not None else store.journal_steps()
     for s in steps:
-        for g in store.groups(s):
+        for g in store.groups(s, policy):
             if out.json:
                 out.row(store, dataclasses.asdict(g))
                 continue
@@ -272,6 +311,7 @@ def _groups(store: RunStore, step: int | None, out: _Output) -> None:
                 {
                     "step": g.step,
                     "pos": g.position,
+                    **({} if g.policy is None else {"policy": g.policy}),
                     "example": _cut(g.example_id, 32),
                     "rewards": " ".join("-" if r is None else f"{r:g}" for r in g.rewards),
                     "spread": g.spread,
@@ -300,6 +340,7 @@ def _summary(store: RunStore) -> dict[str, Any]:
         "trainable tokens": s.trainable_tokens,
         "exceptions": s.exceptions,
         "untrainable causes": causes or "none",
+        **({"policies": ", ".join(s.policies)} if len(s.policies) > 1 else {}),
     }
 
 
@@ -338,11 +379,11 @@ class _Output:
 
 
 def _print_table(rows: Sequence[dict[str, str]]) -> None:
-    columns = list(rows[0])
+    columns = list(dict.fromkeys(c for r in rows for c in r))  # a column some rows lack: "-"
     widths = {c: max(len(c), *(len(r.get(c, "")) for r in rows)) for c in columns}
     print("  ".join(c.ljust(widths[c]) for c in columns).rstrip())
     for r in rows:
-        print("  ".join(r.get(c, "").ljust(widths[c]) for c in columns).rstrip())
+        print("  ".join(r.get(c, "-").ljust(widths[c]) for c in columns).rstrip())
 
 
 def _text(value: Any) -> str:

@@ -21,18 +21,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
+import math
 import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .._errors import ConfigurationError, JournalError
 from .._journal import damaged, parse_line
 from . import _scan
 from ._rows import Kind
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped whenever the tables change: an index of another version is rebuilt."""
 INDEX_NAME = ".arttrace-index.sqlite"
 BATCH_LINES = 1000
@@ -86,12 +89,17 @@ CREATE TABLE runs(
     ended_at REAL,
     node_id TEXT,
     node_address TEXT,
-    worker_pid INTEGER
+    worker_pid INTEGER,
+    policies TEXT NOT NULL,
+    per_policy TEXT,
+    policy_rewards TEXT
 );
 CREATE INDEX runs_order ON runs(step, position, rollout);
 CREATE INDEX runs_reward ON runs(reward);
 CREATE INDEX runs_example ON runs(example_id);
 CREATE TABLE causes(cause TEXT NOT NULL, run_id INTEGER NOT NULL, PRIMARY KEY(cause, run_id))
+    WITHOUT ROWID;
+CREATE TABLE policies(policy TEXT NOT NULL, run_id INTEGER NOT NULL, PRIMARY KEY(policy, run_id))
     WITHOUT ROWID;
 CREATE TABLE lines(
     file TEXT NOT NULL, line INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY(file, line)
@@ -407,14 +415,18 @@ class Index:
             rewards = record["rewards"]
             assert isinstance(runs, list) and isinstance(rewards, list)
             pairs = [
-                (int(k), started, float(r)) for (k, started), r in zip(runs, rewards, strict=True)
+                (int(k), started, *_judged_reward(r))
+                for (k, started), r in zip(runs, rewards, strict=True)
             ]
         except (KeyError, TypeError, ValueError, AssertionError) as error:
             raise damaged(path, number, f"not a group reward ({error!r})") from None
         self.db.executemany(
-            "UPDATE runs SET reward = ? WHERE step = ? AND position = ? AND rollout = ? "
-            "AND started_at IS ?",
-            [(reward, source.step, position, k, started) for k, started, reward in pairs],
+            "UPDATE runs SET reward = ?, policy_rewards = ? "
+            "WHERE step = ? AND position = ? AND rollout = ? AND started_at IS ?",
+            [
+                (reward, per_policy, source.step, position, k, started)
+                for k, started, reward, per_policy in pairs
+            ],
         )
 
     def _add_rollout(
@@ -479,7 +491,7 @@ class Index:
     ) -> None:
         self.db.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-            "?, ?, ?, ?, ?, ?, ?)",
+            "?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 row_id,
                 file_id,
@@ -507,11 +519,31 @@ class Index:
                 f.node_id,
                 f.node_address,
                 f.worker_pid,
+                SEPARATOR.join(f.policies),
+                _json(f.per_policy),
+                _json(f.policy_rewards),
             ),
         )
         self.db.executemany("INSERT INTO causes VALUES (?, ?)", [(c, row_id) for c in f.causes])
+        self.db.executemany("INSERT INTO policies VALUES (?, ?)", [(p, row_id) for p in f.policies])
         if f.text:
             self.db.execute("INSERT INTO texts(rowid, body) VALUES (?, ?)", (row_id, f.text))
+
+
+def _judged_reward(value: Any) -> tuple[float, str | None]:
+    """A judge's reward for one run: a number, or one per policy (``{policy: reward}``, the
+    run's reward then their mean, as ``Trajectory.policy_rewards`` sets it)."""
+    if isinstance(value, dict):
+        rewards = {str(k): float(v) for k, v in value.items()}
+        if not rewards:
+            raise ValueError("an empty mapping of policy rewards")
+        return math.fsum(rewards.values()) / len(rewards), _json(rewards)
+    return float(value), None
+
+
+def _json(value: dict[str, Any]) -> str | None:
+    """A run's per-policy figures as JSON text; ``None`` (most runs: one policy) when empty."""
+    return json.dumps(value, separators=(",", ":")) if value else None
 
 
 def _hash(path: Path, length: int) -> bytes | None:

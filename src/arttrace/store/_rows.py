@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -24,6 +24,14 @@ def _number(metrics: dict[str, Any], key: str) -> float | None:
 def _count(metrics: dict[str, Any], key: str) -> int:
     value = _number(metrics, key)
     return 0 if value is None else int(value)
+
+
+def _of_policy(metrics: dict[str, Any], policy: str) -> dict[str, Any]:
+    """The line as one policy's: its ``<policy>/...`` figures without the prefix, with the
+    line's own step and epoch (the Trainer writes them only when there are several)."""
+    prefix = f"{policy}/"
+    own = {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+    return {**{k: metrics[k] for k in ("step", "epoch") if k in metrics}, **own}
 
 
 def _from_metrics[R](cls: Callable[..., R], metrics: dict[str, Any], **keys: str) -> R:
@@ -72,6 +80,12 @@ class StepRow:
     def from_metrics(cls, metrics: dict[str, Any]) -> StepRow:
         return _from_metrics(cls, metrics, loss="train/loss", policy_lag="off_policy_steps_mean")
 
+    def of_policy(self, policy: str) -> StepRow:
+        """The step as one policy of several saw it: its ``<policy>/reward_mean``,
+        ``<policy>/groups_kept``, ``<policy>/train/loss`` ... (``None`` and 0 where the line
+        has no such figure: a run of one policy)."""
+        return StepRow.from_metrics(_of_policy(self.metrics, policy))
+
 
 @dataclass(frozen=True, slots=True)
 class ValidationRow:
@@ -89,6 +103,10 @@ class ValidationRow:
     @classmethod
     def from_metrics(cls, metrics: dict[str, Any]) -> ValidationRow:
         return _from_metrics(cls, metrics)
+
+    def of_policy(self, policy: str) -> ValidationRow:
+        """The validation of one policy of several (its ``<policy>/reward_mean`` ...)."""
+        return ValidationRow.from_metrics(_of_policy(self.metrics, policy))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +147,9 @@ class GroupRow:
     exceptions: int
     shipped: bool
     why_not: str | None
+    policy: str | None = None
+    """The policy this group trains, in a run of several (a group per example and policy, with
+    that policy's rewards); ``None`` in a run of one policy, or one that does not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +196,21 @@ class TrajectoryRow:
     set_aside: bool = False
     """Its line is in ``rollouts-nothing-to-train.jsonl``: a step whose groups held no
     trainable token, whose runs the Trainer set aside to run it again on resume."""
+    policies: tuple[str, ...] = ()
+    """The policies its policy turns belong to (each call's ``policy``, as the Trainer
+    journaled it), in the order first met; ``()`` when no call names one."""
+    policy_turns: dict[str, int] = field(default_factory=dict)
+    """Each of its policies' trainable turns."""
+    policy_tokens: dict[str, int] = field(default_factory=dict)
+    """Each of its policies' trainable tokens (what ART trains that policy on in this run)."""
+    policy_rewards: dict[str, float] = field(default_factory=dict)
+    """Its reward per policy, when it gave one (``Trajectory.policy_rewards``)."""
+
+    def reward_for(self, policy: str | None) -> float | None:
+        """The reward of ``policy``'s trajectory of this run: its own, else the run's."""
+        if policy is None:
+            return self.reward
+        return self.policy_rewards.get(policy, self.reward)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,3 +232,5 @@ class RunSummary:
     """Shipped by the Trainer (from ``metrics.jsonl``); elsewhere, in all indexed runs."""
     exceptions: int
     causes: dict[str, int]
+    policies: tuple[str, ...] = ()
+    """The run's policies (:meth:`RunStore.policies`)."""

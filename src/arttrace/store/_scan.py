@@ -11,7 +11,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,12 @@ class Figures:
     node_address: str | None
     worker_pid: int | None
     text: str
+    policies: tuple[str, ...] = ()
+    """The policies its policy turns belong to (``LLMCall.policy``), in the order first met."""
+    per_policy: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Each policy's trainable turns and trainable tokens in the run."""
+    policy_rewards: dict[str, float] = field(default_factory=dict)
+    """The run's reward per policy, when it gave one (``Trajectory.policy_rewards``)."""
 
 
 def figures(data: dict[str, Any]) -> Figures:
@@ -195,15 +201,22 @@ def figures(data: dict[str, Any]) -> Figures:
     calls = t.calls
     turns = tokens = completion = 0
     causes: Counter[str] = Counter()
+    per_policy: dict[str, tuple[int, int]] = {}
     for call in calls:
         completion += call.completion_tokens
+        if call.trainable and call.policy is not None:
+            per_policy.setdefault(call.policy, (0, 0))
         for choice in call.choices:
             if not call.trainable:
                 continue
             reason = call.untrainable_reason(choice)
             if reason is None:
+                sampled = len(choice.token_ids or ())
                 turns += 1
-                tokens += len(choice.token_ids or ())
+                tokens += sampled
+                if call.policy is not None:
+                    own_turns, own_tokens = per_policy[call.policy]
+                    per_policy[call.policy] = (own_turns + 1, own_tokens + sampled)
             else:
                 causes[reason] += 1
     if not calls:
@@ -239,6 +252,9 @@ def figures(data: dict[str, Any]) -> Figures:
         node_address=_str(metadata.get("node_address")),
         worker_pid=_int(metadata.get("worker_pid")),
         text=_text(call_messages(calls)),
+        policies=tuple(per_policy),
+        per_policy=per_policy,
+        policy_rewards=t.policy_rewards,
     )
 
 

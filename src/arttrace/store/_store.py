@@ -33,7 +33,8 @@ _COLUMNS = (
     "runs.id, runs.step, position, rollout, split, example_id, reward, exception_type, "
     "exception_message, policy_step, calls, trainable_turns, completion_tokens, "
     "trainable_tokens, causes, sources, started_at, ended_at, node_id, node_address, "
-    "worker_pid, files.path, runs.start, length, runs.set_aside"
+    "worker_pid, files.path, runs.start, length, runs.set_aside, runs.policies, per_policy, "
+    "policy_rewards"
 )
 _FROM = "runs JOIN files ON files.id = runs.file_id"
 _WHY_NOT = {
@@ -82,6 +83,8 @@ class Filters(TypedDict, total=False):
     case-insensitive for ASCII."""
     node: str | None
     """Made on the Ray node of that id or address."""
+    policy: str | None
+    """Holds a turn of this policy (a call the Trainer journaled as that policy's)."""
 
 
 _FILTERS = tuple(Filters.__annotations__)
@@ -228,6 +231,11 @@ class RunStore:
                 f"{'+' if listing else ''}runs.id IN (SELECT run_id FROM causes WHERE cause = ?)",
                 "cause",
             ),
+            (
+                f"{'+' if listing else ''}runs.id IN "
+                "(SELECT run_id FROM policies WHERE policy = ?)",
+                "policy",
+            ),
         ):
             if (value := filters.get(key)) is not None:
                 clauses.append(clause)
@@ -254,8 +262,9 @@ class RunStore:
             row_id, step, position, rollout, split, example_id, reward, exception_type,
             exception_message, policy_step, calls, trainable_turns, completion_tokens,
             tokens, causes, sources, started, ended, node_id, node_address, worker_pid, path,
-            start, length, set_aside,
+            start, length, set_aside, policies, per_policy, policy_rewards,
         ) = row  # fmt: skip
+        own = loads(per_policy) if per_policy else {}
         return TrajectoryRow(
             id=row_id,
             step=step,
@@ -282,6 +291,10 @@ class RunStore:
             offset=start,
             length=length,
             set_aside=bool(set_aside),
+            policies=tuple(policies.split(SEPARATOR)) if policies else (),
+            policy_turns={p: int(n[0]) for p, n in own.items()},
+            policy_tokens={p: int(n[1]) for p, n in own.items()},
+            policy_rewards=loads(policy_rewards) if policy_rewards else {},
         )
 
     def row(self, row_id: int) -> TrajectoryRow:
@@ -334,15 +347,41 @@ class RunStore:
         )
         return {cause: n for cause, n in rows}
 
+    def policies(self) -> list[str]:
+        """The run's policies: those its Trainer declared (``state.json``'s settings, in their
+        order), then any other its calls were journaled under (by name); ``[]`` when no call
+        names one (a folder written before calls had a policy, or a gateway's)."""
+        declared = [p["name"] for p in self._declared() if isinstance(p.get("name"), str)]
+        found = self._query("SELECT DISTINCT policy FROM policies ORDER BY policy")
+        return declared + [p for (p,) in found if p not in declared]
+
+    def frozen_policies(self) -> list[str]:
+        """The declared policies served but not trained (``Policy(frozen=True)``)."""
+        return [p["name"] for p in self._declared() if p.get("frozen") is True]
+
+    def _declared(self) -> list[dict[str, Any]]:
+        """``state.json``'s ``settings.policies`` (a Trainer's folder; ``[]`` elsewhere)."""
+        if self.kind != "trainer" or self._single:
+            return []
+        try:
+            state = read_json(self.root / "state.json")
+        except JournalError:
+            return []  # being replaced as it is read: the calls still name the policies
+        settings = state.get("settings") if isinstance(state, dict) else None
+        policies = settings.get("policies") if isinstance(settings, dict) else None
+        return [p for p in policies if isinstance(p, dict)] if isinstance(policies, list) else []
+
     # -- groups ----------------------------------------------------------------------------
 
-    def groups(self, step: int) -> list[GroupRow]:
-        """The step's groups, one per example position, and what became of each (see
-        :class:`GroupRow` for the reasons a group did not ship)."""
+    def groups(self, step: int, policy: str | None = None) -> list[GroupRow]:
+        """The step's groups, one per example position (a run of several policies: one per
+        position and trained policy, that policy's rewards and decision), and what became of
+        each (see :class:`GroupRow` for the reasons a group did not ship). ``policy``: only
+        that policy's groups."""
         rows = self._query(
             "SELECT set_aside, position, rollout, example_id, reward, exception_type, "
-            "trainable_tokens, causes FROM runs WHERE step = ? ORDER BY set_aside, position, "
-            "rollout",
+            "trainable_tokens, causes, policy_rewards, per_policy FROM runs WHERE step = ? "
+            "ORDER BY set_aside, position, rollout",
             (step,),
         )
         if rows and not rows[0][0]:
@@ -351,7 +390,18 @@ class RunStore:
         for row in rows:
             by_position.setdefault(row[1], []).append(row)
         ship = _Shipping(self, step, set_aside=bool(rows and rows[0][0]))
-        return [ship.group(step, position, runs) for position, runs in by_position.items()]
+        policies: list[str | None] = list(ship.policies)
+        if not policies:  # not shipped yet: the policies the Trainer trains, when several
+            declared = self._declared()
+            trained = [p["name"] for p in declared if p.get("frozen") is not True]
+            policies = list(trained) if len(declared) > 1 else [None]
+        if policy is not None:
+            policies = [p for p in policies if p == policy]
+        return [
+            ship.group(step, position, runs, p)
+            for position, runs in by_position.items()
+            for p in policies
+        ]
 
     # -- the run in one line -----------------------------------------------------------------
 
@@ -380,7 +430,7 @@ class RunStore:
             last, count = first, 0
         return RunSummary(
             self.path, self.kind, count, runs, first, last, shipped, dropped, tokens,
-            exceptions, self.causes(),
+            exceptions, self.causes(), tuple(self.policies()),
         )  # fmt: skip
 
 
@@ -397,21 +447,63 @@ class _Shipping:
         self.shipping = shipping if isinstance(shipping, dict) else None
         summary = self.shipped or {}
         tokens = summary.get("trainable_tokens")
-        self.tokens: dict[str, int] = tokens if isinstance(tokens, dict) else {}
+        self.tokens: dict[str, Any] = tokens if isinstance(tokens, dict) else {}
         decisions = summary.get("decisions")
         self.decisions: list[Any] = decisions if isinstance(decisions, list) else []
+        self.by_policy: dict[str, list[Any]] = {}
+        """The decisions of a run of several policies (one per example and policy), by policy,
+        each policy's in position order; empty when they name no policy (an older folder)."""
+        for decision in self.decisions:
+            if isinstance(decision, dict) and isinstance(decision.get("policy"), str):
+                self.by_policy.setdefault(decision["policy"], []).append(decision)
+        self.policies = tuple(self.by_policy)
 
-    def group(self, step: int, position: int, runs: list[tuple[Any, ...]]) -> GroupRow:
+    def _decided(self, position: int, example_id: str, policy: str | None) -> Any:
+        """The Trainer's decision for the group, ``None`` if none is recorded."""
+        if not self.by_policy:
+            decided = self.decisions[position] if position < len(self.decisions) else None
+            return decided if isinstance(decided, dict) else None
+        listed = self.by_policy.get(policy or "", [])
+        decided = listed[position] if position < len(listed) else None
+        if isinstance(decided, dict) and decided.get("position", position) == position:
+            return decided
+        return next(  # a policy without a decision for every position: by its place
+            (
+                d
+                for d in listed
+                if d.get("position") == position
+                or ("position" not in d and d.get("example_id") == example_id)
+            ),
+            None,
+        )
+
+    def _tokens(self, example_id: str, policy: str | None) -> int | None:
+        """The Trainer's count of the group's trainable tokens, if it recorded one."""
+        tokens = self.tokens.get(example_id)
+        if isinstance(tokens, dict):  # one count per policy
+            tokens = tokens.get(policy or "")
+        elif policy is not None and self.by_policy and isinstance(self.tokens.get(policy), dict):
+            tokens = self.tokens[policy].get(example_id)
+        elif self.by_policy and len(self.by_policy) > 1:
+            tokens = None  # a count over every policy: not this one's
+        return tokens if isinstance(tokens, int) else None
+
+    def group(
+        self, step: int, position: int, runs: list[tuple[Any, ...]], policy: str | None = None
+    ) -> GroupRow:
         """The group's figures, and what became of it: the Trainer's decision, or (a step not
-        decided yet, a gateway's) the reason its own runs tell."""
+        decided yet, a gateway's) the reason its own runs tell. ``policy``: the group of that
+        policy, its rewards (``Trajectory.policy_rewards``, else the run's) and tokens."""
+        if policy is not None:
+            runs = [_for_policy(r, policy) for r in runs]
         ok = [r[5] is None and r[4] is not None for r in runs]  # the runs the Trainer groups
         scored = [r[4] for r, grouped in zip(runs, ok, strict=True) if grouped]
         spread = max(scored) - min(scored) if len(scored) > 1 else 0.0
         example_id = str(runs[0][3])
-        tokens = self.tokens.get(example_id)
+        tokens = self._tokens(example_id, policy)
         if tokens is None:
             tokens = sum(r[6] for r, grouped in zip(runs, ok, strict=True) if grouped)
-        decided = self.decisions[position] if position < len(self.decisions) else None
+        decided = self._decided(position, example_id, policy)
         if isinstance(decided, dict) and decided.get("example_id") == example_id:
             why, recorded = decided.get("why_not"), list(decided.get("advantages") or ())
             by_run = [recorded[r[2]] if r[2] < len(recorded) else None for r in runs]
@@ -433,6 +525,7 @@ class _Shipping:
             exceptions=sum(r[5] is not None for r in runs),
             shipped=decided is not None and why is None,
             why_not=self._why_not(why, decided is not None, runs, spread),
+            policy=policy,
         )
 
     def _why_not(
@@ -476,6 +569,16 @@ class _Shipping:
         return (
             "the step did not ship (not trained yet: its rollouts are running, or the run stopped)"
         )
+
+
+def _for_policy(row: tuple[Any, ...], policy: str) -> tuple[Any, ...]:
+    """A group query's row as ``policy``'s: its reward for that policy, and its trainable
+    tokens of that policy's turns."""
+    rewards = loads(row[8]) if row[8] else {}
+    tokens = loads(row[9]) if row[9] else {}
+    reward = rewards.get(policy, row[4])
+    own = tokens.get(policy, (0, 0))[1]
+    return (*row[:4], reward, row[5], own, *row[7:])
 
 
 def _split(causes: str) -> list[str]:
