@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         GroupRewardFn,
         GroupRewards,
         GroupRun,
+        Policy,
         StepResult,
         Trainer,
     )
@@ -67,7 +68,7 @@ def _public(obj: Any) -> Any:
 
 # The training names load ART, ``Gateway`` starlette and uvicorn, ``RayExecutor`` Ray: each
 # name is imported on first use.
-_training = ("CPUBackend", "Curriculum", "DryRunBackend", "StepResult", "Trainer")
+_training = ("CPUBackend", "Curriculum", "DryRunBackend", "Policy", "StepResult", "Trainer")
 _groups = ("Group", "GroupRewardFn", "GroupRewards", "GroupRun")
 __getattr__, __dir__ = lazy(
     __name__,
@@ -96,6 +97,7 @@ __all__ = [
     "JournalError",
     "LLMCall",
     "NothingToTrainWarning",
+    "Policy",
     "RayExecutor",
     "ResumeError",
     "RolloutTimeoutError",

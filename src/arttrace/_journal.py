@@ -385,23 +385,42 @@ class Journal:
 
     # -- shipping, exactly once
 
-    def begin_shipping(self, step: int, backend_step: int | None) -> None:
+    def shipping_path(self, step: int, policy: str | None = None) -> Path:
+        """Where shipping ``step`` (to ``policy``'s model, with several) is recorded."""
+        return self.step_dir(step) / (
+            "shipping.json" if policy is None else f"shipping-{policy}.json"
+        )
+
+    def begin_shipping(
+        self, step: int, backend_step: int | None, policy: str | None = None
+    ) -> None:
         """Record, durably, that ``step`` is about to ship and the backend's step before."""
         self.sync(step)
-        path = self.step_dir(step) / "shipping.json"
+        path = self.shipping_path(step, policy)
         write_json(path, {"backend_step": backend_step, "failed": None}, sync=True)
 
-    def shipping_failed(self, step: int, cause: str) -> None:
+    def shipping_failed(self, step: int, cause: str, policy: str | None = None) -> None:
         """Record that the last ``backend.train`` call for ``step`` failed (it may ship again)."""
-        path = self.step_dir(step) / "shipping.json"
+        path = self.shipping_path(step, policy)
         write_json(path, {**(read_json(path) or {}), "failed": cause}, sync=True)
 
-    def shipping(self, step: int) -> dict[str, Any] | None:
+    def shipping(self, step: int, policy: str | None = None) -> dict[str, Any] | None:
         """What :meth:`begin_shipping` recorded (``None`` if the step never began shipping):
         ``backend_step`` before training (``None`` if the backend could not say) and
         ``failed``, the cause if the last call failed (``None`` if it never returned)."""
-        record = read_json(self.step_dir(step) / "shipping.json")
+        record = read_json(self.shipping_path(step, policy))
         return record if isinstance(record, dict) else None
+
+    def mark_trained(self, step: int, policy: str, train_metrics: dict[str, float]) -> None:
+        """Record that ``policy``'s groups of ``step`` trained (several policies: the step is
+        :meth:`mark_shipped` once every policy's did), with the metrics the backend gave."""
+        path = self.step_dir(step) / f"trained-{policy}.json"
+        write_json(path, {"train_metrics": train_metrics}, sync=True)
+
+    def trained(self, step: int, policy: str) -> dict[str, float] | None:
+        """The train metrics :meth:`mark_trained` recorded, or ``None`` if it did not."""
+        record = read_json(self.step_dir(step) / f"trained-{policy}.json")
+        return dict(record["train_metrics"]) if isinstance(record, dict) else None
 
     def mark_shipped(self, step: int, summary: dict[str, Any]) -> None:
         write_json(private_dir(self.step_dir(step)) / "shipped.json", summary, sync=True)

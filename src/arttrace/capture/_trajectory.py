@@ -6,7 +6,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextvars import Token
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +50,7 @@ class Trajectory:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self._reward: float | None = None
+        self._policy_rewards: dict[str, float] = {}
         self.call_log = CallLog(self.example_id)
         """The calls in flight and ended; read them through :attr:`calls`."""
         self._scope: tuple[Token[Trajectory | None], object, Any] | None = None
@@ -70,6 +71,27 @@ class Trajectory:
     @reward.setter
     def reward(self, value: float) -> None:
         self._reward = check_reward(value)
+
+    @property
+    def policy_rewards(self) -> dict[str, float]:
+        """One reward per policy, for a system of several trained at once (empty: every
+        policy's trajectory of this run gets :attr:`reward`). Setting it sets :attr:`reward`
+        to the mean of its values, the run's reward in the step's statistics."""
+        return dict(self._policy_rewards)
+
+    @policy_rewards.setter
+    def policy_rewards(self, value: Mapping[str, Any]) -> None:
+        if not value and isinstance(value, Mapping):  # cleared: every policy gets `reward`
+            self._policy_rewards = {}
+            return
+        rewards = check_policy_rewards(value)
+        self._policy_rewards = rewards
+        self._reward = math.fsum(rewards.values()) / len(rewards)
+
+    def reward_for(self, policy: str) -> float | None:
+        """The reward of ``policy``'s trajectory of this run: its own in
+        :attr:`policy_rewards`, else the run's."""
+        return self._policy_rewards.get(policy, self._reward)
 
     # -- the with block --------------------------------------------------------------------
 
@@ -228,6 +250,7 @@ class Trajectory:
         return {
             "example_id": self.example_id,
             "reward": self._reward,
+            **({"policy_rewards": self._policy_rewards} if self._policy_rewards else {}),
             "metrics": self.metrics,
             "metadata": self.metadata,
             "exception": self.exception,
@@ -241,6 +264,8 @@ class Trajectory:
         t = cls(data["example_id"], data.get("metadata"))
         if data.get("reward") is not None:
             t.reward = data["reward"]
+        if data.get("policy_rewards"):
+            t._policy_rewards = check_policy_rewards(data["policy_rewards"])
         t.metrics = dict(data.get("metrics") or {})
         t.exception = data.get("exception")
         t.started_at, t.ended_at = data.get("started_at"), data.get("ended_at")
@@ -360,6 +385,27 @@ def check_reward(value: Any) -> float:
     if not math.isfinite(reward):
         raise ConfigurationError(f"reward must be a finite number, got {value!r:.80}")
     return reward
+
+
+def check_policy_rewards(value: Any) -> dict[str, float]:
+    """``value`` as ``{policy name: reward}``, or a ``ConfigurationError`` saying what was
+    wrong: a non-empty mapping of names to finite real numbers."""
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigurationError(
+            "policy rewards must be a non-empty mapping of policy names to rewards "
+            f"({{'planner': 1.0, 'executor': 0.5}}), got {type(value).__name__} {value!r:.80}"
+        )
+    rewards = {}
+    for name, reward in value.items():
+        if not isinstance(name, str):
+            raise ConfigurationError(
+                f"policy rewards are keyed by policy name (a str), got {name!r:.40}"
+            )
+        try:
+            rewards[name] = check_reward(reward)
+        except ConfigurationError as error:
+            raise ConfigurationError(f"the reward of policy {name!r}: {error}") from None
+    return rewards
 
 
 def _check_metadata(metadata: dict[str, Any]) -> None:

@@ -9,6 +9,10 @@ The reward of a run, in this order:
 3. else what the rollout set with ``arttrace.current_trajectory().reward = ...``; whatever else
    it returned (its answer, say) is then ignored.
 
+Where several policies train at once, each of these may instead be one reward per policy: a
+mapping ``{policy name: reward}`` (``current_trajectory().policy_rewards = ...``). It is kept
+on the run (``Trajectory.policy_rewards``); the run's own reward is the mean.
+
 A reward that is not a finite real number, no reward at all, or two sources that disagree
 (the rollout set ``0.0`` and returned ``1.0``, or set one and ``reward_fn`` gave another) fail
 the run with a :class:`~arttrace.ConfigurationError` that says what to do.
@@ -25,7 +29,7 @@ import asyncio
 import contextvars
 import inspect
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,7 +38,9 @@ from ..capture._trajectory import MetadataValue, Trajectory, check_reward, hosti
 
 type Rollout[ExampleT] = Callable[[ExampleT], Awaitable[Any]] | Callable[[ExampleT], Any]
 """One run of the agent on one example: an async function, or a sync one (run in a thread)."""
-type RewardFn[ExampleT] = Callable[[ExampleT, Any], float | Awaitable[float]]
+type Reward = float | Mapping[str, float]
+"""A run's reward, or one per policy (``{"planner": 1.0, "executor": 0.0}``)."""
+type RewardFn[ExampleT] = Callable[[ExampleT, Any], Reward | Awaitable[Reward]]
 """Scores a rollout's output: ``reward_fn(example, output)``, sync or async."""
 
 _FIX = (
@@ -153,20 +159,22 @@ class RolloutRunner[ExampleT]:
         return await output if inspect.isawaitable(output) else output  # a lambda: coroutine
 
     async def _reward(self, t: Trajectory, example: ExampleT, output: Any) -> float:
-        """The run's reward, in the order of this module's docstring."""
+        """The run's reward, in the order of this module's docstring. A mapping of policy
+        names to rewards (from ``reward_fn`` or returned) sets ``t.policy_rewards``, and the
+        run's reward is their mean."""
         was_set = t.reward
         if self.reward_fn is not None:
             value = self.reward_fn(example, output)
             value = await value if inspect.isawaitable(value) else value
             try:
-                reward, source = check_reward(value), "reward_fn gave"
+                reward, source = _checked(t, value), "reward_fn gave"
             except ConfigurationError as error:
                 raise ConfigurationError(f"reward_fn: {error}") from None
         elif output is not None:
             try:
-                reward, source = check_reward(output), "the rollout returned"
+                reward, source = _checked(t, output), "the rollout returned"
             except ConfigurationError as error:
-                if was_set is not None:
+                if was_set is not None and not isinstance(output, Mapping):
                     return was_set  # it returned its answer and set the reward itself
                 raise ConfigurationError(
                     f"the rollout returned {type(output).__name__} {output!r:.80}, which is "
@@ -183,3 +191,12 @@ class RolloutRunner[ExampleT]:
                 "reward_fn and do not set the reward in the rollout)"
             )
         return reward
+
+
+def _checked(t: Trajectory, value: Any) -> float:
+    """A reward, or a mapping of policy rewards (kept on ``t``; their mean is returned)."""
+    if isinstance(value, Mapping):
+        t.policy_rewards = value
+        assert t.reward is not None
+        return t.reward
+    return check_reward(value)

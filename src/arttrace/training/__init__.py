@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._curriculum import Curriculum
     from ._dry_run import DryRunBackend
     from ._group import Group, GroupRewardFn, GroupRewards, GroupRun
+    from ._policy import Policy
     from ._trainer import StepResult, Trainer
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "GroupRewardFn",
     "GroupRewards",
     "GroupRun",
+    "Policy",
     "StepResult",
     "Trainer",
     "TrainingError",
@@ -35,5 +37,5 @@ __getattr__, __dir__ = lazy(
     __name__,
     {"CPUBackend": "._cpu_backend", "Curriculum": "._curriculum", "DryRunBackend": "._dry_run"}
     | {name: "._group" for name in ("Group", "GroupRewardFn", "GroupRewards", "GroupRun")}
-    | {"StepResult": "._trainer", "Trainer": "._trainer"},
+    | {"Policy": "._policy", "StepResult": "._trainer", "Trainer": "._trainer"},
 )

@@ -40,7 +40,13 @@ from .._errors import ConfigurationError
 from .._journal import Slot, append_line, read_lines
 from ..capture import _context
 from ..capture._conversations import Turn
-from ..capture._trajectory import Trajectory, check_reward, current_trajectory
+from ..capture._trajectory import (
+    Trajectory,
+    check_policy_rewards,
+    check_reward,
+    current_trajectory,
+)
+from ..executors._rollout import Reward
 
 if TYPE_CHECKING:
     from .._journal import Journal
@@ -95,8 +101,9 @@ class Group[ExampleT]:
 class GroupRewards:
     """What a group reward function may return instead of a plain list of rewards."""
 
-    rewards: Sequence[float]
-    """One reward per run of :attr:`Group.runs`, in their order."""
+    rewards: Sequence[Reward]
+    """One reward per run of :attr:`Group.runs`, in their order; with several policies, each
+    may be one reward per policy (``{"planner": 1.0, "executor": 0.0}``)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Summed over the step's groups into the step's metrics (a judge's tokens and time)."""
     explanations: Sequence[str] | None = None
@@ -105,7 +112,7 @@ class GroupRewards:
 
 type GroupRewardFn[ExampleT] = Callable[
     [Group[ExampleT]],
-    Sequence[float] | GroupRewards | Awaitable[Sequence[float] | GroupRewards],
+    Sequence[Reward] | GroupRewards | Awaitable[Sequence[Reward] | GroupRewards],
 ]
 """``group_reward(group)``, sync or async: one reward per run of ``group.runs``."""
 
@@ -130,9 +137,11 @@ def own_reward(example: Any, output: Any) -> float:
     the reward the rollout set or returned, as without a group reward, else ``0.0`` (as
     ART's default reward): with a judge the rollout need not score itself, and may return
     its answer. Runs in the run's trajectory (the Trainer's ``reward_fn`` slot)."""
+    if isinstance(output, Mapping):  # one reward per policy
+        current_trajectory().policy_rewards = output
     was_set = current_trajectory().reward
     try:
-        returned = None if output is None else check_reward(output)
+        returned = None if output is None or isinstance(output, Mapping) else check_reward(output)
     except ConfigurationError:
         returned = None  # an answer, not a reward
     if was_set is not None and returned is not None and not math.isclose(was_set, returned):
@@ -190,10 +199,12 @@ def check_result(result: object, group: Group[Any]) -> GroupRewards:
             f"{where} returned {len(answer.rewards)} rewards for the group's "
             f"{len(group.runs)} runs: {FIX}"
         )
-    rewards = []
+    rewards: list[Reward] = []
     for run, value in zip(group.runs, answer.rewards, strict=True):
         try:
-            rewards.append(check_reward(value))
+            rewards.append(
+                check_policy_rewards(value) if isinstance(value, Mapping) else check_reward(value)
+            )
         except ConfigurationError as error:
             raise ConfigurationError(
                 f"{where}: the reward of run {run.rollout} is not a reward ({error}): {FIX}"
@@ -226,13 +237,21 @@ def _listlike(value: object) -> bool:
     return isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping)
 
 
-def apply(runs: Sequence[Trajectory], rewards: Sequence[float]) -> None:
-    """Give each run its group reward, keeping its own as ``independent_reward``."""
+def apply(runs: Sequence[Trajectory], rewards: Sequence[Reward]) -> None:
+    """Give each run its group reward (or one per policy), keeping its own as
+    ``independent_reward`` (and each policy's as ``independent_reward/<policy>``, which
+    becomes that policy's trajectory's ``independent_reward``)."""
     for t, reward in zip(runs, rewards, strict=True):
         own = t.reward
         if own is not None and "independent_reward" not in t.metrics:
             t.metrics["independent_reward"] = own
-        t.reward = reward
+            for policy, value in t.policy_rewards.items():
+                t.metrics[f"independent_reward/{policy}"] = value
+        if isinstance(reward, Mapping):
+            t.policy_rewards = reward
+        else:
+            t.policy_rewards = {}
+            t.reward = reward
 
 
 def _judgeable(t: Trajectory) -> bool:

@@ -6,6 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from ._policy import policy_names
+
 TITLE = "arttrace training reward"
 
 
@@ -30,7 +32,10 @@ def reward_plot(
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    if steps:
+    policies = policy_names(steps[-1] if steps else validations[-1] if validations else {})
+    if policies:
+        _policy_curves(ax, policies, steps, validations)
+    elif steps:
         x = [s["step"] for s in steps]
         ax.fill_between(
             x,
@@ -41,20 +46,8 @@ def reward_plot(
             label="train min-max",
         )
         ax.plot(x, [s["reward_mean"] for s in steps], "o-", color="tab:blue", label="train mean")
-    if validations:
-        vx = [v["step"] for v in validations]
-        vy = [v["reward_mean"] for v in validations]
-        ax.plot(vx, vy, "s", color="tab:red", markersize=8, label="validation mean")
-        for x_, y_ in zip(vx, vy, strict=True):
-            ax.annotate(
-                f"{y_:.2f}",
-                (x_, y_),
-                textcoords="offset points",
-                xytext=(0, 9),
-                ha="center",
-                color="tab:red",
-                fontweight="bold",
-            )
+    if validations and not policies:
+        _validation(ax, validations, "reward_mean", "validation mean", "tab:red")
     ax.set_xlabel("step (a validation at n: after n steps)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("reward")
@@ -82,13 +75,51 @@ def reward_plot(
         ax.legend(handles, labels, loc="lower right")
     ymin, ymax = ax.get_ylim()
     ax.set_ylim(ymin, ymax + 0.08 * (ymax - ymin))  # room for the validation labels
-    moved = (
-        f"validation {validations[0]['reward_mean']:.2f} → {validations[-1]['reward_mean']:.2f}"
-        if len(validations) > 1
-        else ""
-    )
+    moved = ""
+    if len(validations) > 1:
+        first, last = validations[0], validations[-1]
+        series = [(f"{p} ", f"{p}/reward_mean") for p in policies] or [("", "reward_mean")]
+        moved = "validation " + ", ".join(
+            f"{who}{first[k]:.2f} → {last[k]:.2f}" for who, k in series if k in first and k in last
+        )
     ax.set_title("\n".join(t for t in (title, moved) if t), fontsize=11)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)
     tmp.replace(path)
+
+
+_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink")
+
+
+def _policy_curves(
+    ax: Any, policies: list[str], steps: list[dict[str, Any]], validations: list[dict[str, Any]]
+) -> None:
+    """One train curve and one validation series per policy, each in its own colour."""
+    for policy, colour in zip(policies, itertools.cycle(_COLOURS), strict=False):
+        key = f"{policy}/reward_mean"
+        points = [(s["step"], s[key]) for s in steps if key in s]
+        if points:
+            ax.plot(*zip(*points, strict=True), "o-", color=colour, label=f"{policy} train mean")
+        _validation(ax, [v for v in validations if key in v], key, f"{policy} validation", colour)
+
+
+def _validation(
+    ax: Any, validations: list[dict[str, Any]], key: str, label: str, colour: str
+) -> None:
+    """Validation points, each labelled with its value."""
+    if not validations:
+        return
+    vx = [v["step"] for v in validations]
+    vy = [v[key] for v in validations]
+    ax.plot(vx, vy, "s", color=colour, markersize=8, label=label)
+    for x_, y_ in zip(vx, vy, strict=True):
+        ax.annotate(
+            f"{y_:.2f}",
+            (x_, y_),
+            textcoords="offset points",
+            xytext=(0, 9),
+            ha="center",
+            color=colour,
+            fontweight="bold",
+        )

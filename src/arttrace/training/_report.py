@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from ..capture import _context
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import fix_for, warn_every_time
 from ._plot import reward_plot
+from ._policy import Policy, policy_names, policy_view
 
 if TYPE_CHECKING:
     from ._art_import import TrainerModel
@@ -98,11 +99,12 @@ class Reporter:
         self,
         output_dir: Path,
         model: TrainerModel,
+        policies: Sequence[Policy] | None = None,
         *,
         log_to_model: bool,
         progress: bool,
     ) -> None:
-        self.output_dir, self.model = output_dir, model
+        self.output_dir, self.model, self.policies = output_dir, model, policies
         self.log_to_model, self.progress = log_to_model, progress
         self._model_log_failed = False
         self._unrecorded: set[tuple[str, str]] = set()
@@ -191,8 +193,12 @@ class Reporter:
             model = await self.model.get()
         except Exception:  # no model yet: the step that ships raises the cause, once
             return
+        logs = [(model, metrics)]
+        if self.policies is not None:  # each model its own figures, unprefixed
+            logs = [(p.model, policy_view(metrics, p.key)) for p in self.policies]
         try:
-            await model.log(split=split, metrics=metrics, step=step)
+            for model, figures in logs:
+                await model.log(split=split, metrics=figures, step=step)
         except Exception as error:  # logging must not stop training
             self._model_log_failed = True
             _log.warning(
@@ -234,8 +240,10 @@ def progress_line(metrics: dict[str, float], split: str) -> str:
     """What a step or a validation did, in one line: its rewards; what shipped, and why a
     group did not (a step that ships nothing says so); the loss when the backend reports one."""
     step, reward, raised = int(metrics["step"]), metrics["reward_mean"], metrics["exceptions"]
+    policies = policy_names(metrics)
     if split != "train":
         line = f"{split} step {step}: reward {reward:.3f} over {int(metrics['examples'])} runs"
+        line += "".join(f"; {p} {metrics[f'{p}/reward_mean']:.3f}" for p in policies)
         return line + (f" ({int(raised)} raised)" if raised else "")
     kept, total, dropped = (
         int(metrics[k]) for k in ("groups_kept", "groups_total", "groups_dropped")
@@ -265,6 +273,12 @@ def progress_line(metrics: dict[str, float], split: str) -> str:
         line += f", {int(metrics['trainable_tokens'])} tokens" if kept else ""
     if "train/loss" in metrics:
         line += f"; loss {metrics['train/loss']:.4g}"
+    for p in policies:
+        line += f"; {p}: reward {metrics[f'{p}/reward_mean']:.3f}"
+        if f"{p}/groups_kept" in metrics:
+            line += f", {int(metrics[f'{p}/groups_kept'])} groups"
+        if f"{p}/train/loss" in metrics:
+            line += f", loss {metrics[f'{p}/train/loss']:.4g}"
     if raised:
         line += f"; {int(raised)} runs raised"
     seconds = metrics["rollout_seconds"], metrics["train_seconds"]
@@ -291,18 +305,27 @@ def reward_stats(rewards: list[float]) -> dict[str, float]:
     }
 
 
-def untrainable_cause(runs: Iterable[Trajectory]) -> str:
-    """Why these runs hold no trainable token: the most common cause among their runs and
-    policy turns, how often, and its fix (the text of the capture's own warnings)."""
+def untrainable_cause(runs: Iterable[Trajectory], policy_name: str | None = None) -> str:
+    """Why these runs hold no trainable token (of ``policy_name``, one of several): the most
+    common cause among their runs and policy turns, how often, and its fix (the text of the
+    capture's own warnings)."""
     causes: Counter[str] = Counter()
     for run in runs:
         calls = run.calls
         policy = [c for c in calls if c.trainable]
+        if policy_name is not None:
+            policy = [c for c in policy if c.policy == policy_name]
         if not calls:
             causes[
                 "arttrace.instrument() was not called"
                 if _context.shim_settings() is None
                 else "no LLM call was seen"
+            ] += 1
+        elif not policy and policy_name is not None:
+            causes[
+                f"the run made no policy turn of {policy_name!r} (no call inside @trainable "
+                "sent to its model, or named for it with @trainable(policy=...)); a run in "
+                "which a role does not act teaches that role nothing"
             ] += 1
         elif not policy:
             causes["its LLM calls ran outside every @trainable function"] += 1

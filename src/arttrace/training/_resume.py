@@ -41,6 +41,11 @@ def run_settings(trainer: Trainer[Any]) -> dict[str, Any]:
             "ids_sha256": hashlib.sha256(ids.encode()).hexdigest()[:16],
         },
         "curriculum": {k: v for k, v in curriculum.items() if k not in progress} or None,
+        **(
+            {"policies": [p.describe() for p in trainer._policies]}
+            if trainer._policies is not None
+            else {}
+        ),
     }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TrainingError
@@ -87,25 +88,29 @@ async def ship(
     groups: list[art.TrajectoryGroup],
     config: TrainerConfig,
     journal: Journal,
+    policy: str | None = None,
 ) -> art.TrainResult | None:
     """``backend.train(model, groups, learning_rate=..., **train_kwargs)`` exactly once (see
     the module docstring). ``None`` when the backend had already trained these groups (an
     earlier call that failed late, or a run stopped after training them); a
-    :class:`TrainingError` when the step cannot ship (the journal keeps its rollouts)."""
+    :class:`TrainingError` when the step cannot ship (the journal keeps its rollouts).
+    ``policy``: the policy ``model`` is, when the Trainer has several (each ships on its
+    own record)."""
     import art  # loaded: the step's groups are ART objects
 
-    earlier = journal.shipping(step)
+    record = _Record(journal, step, policy)
+    earlier = journal.shipping(step, policy)
     if earlier is None:
         before, _ = await backend_step(backend, model, config.train_timeout)
-        journal.begin_shipping(step, before)
+        journal.begin_shipping(step, before, policy)
     else:
         before = earlier["backend_step"]
-        if await _trained_already(backend, model, step, before, earlier["failed"], journal, config):
+        if await _trained_already(backend, model, record, before, earlier["failed"], config):
             return None
     retry = f"run again with resume=True to ship the step's groups ({journal.rollouts_path(step)})"
     failed: str | None = None
     for attempt in range(config.train_retries + 1):
-        if failed and await _trained_already(backend, model, step, before, failed, journal, config):
+        if failed and await _trained_already(backend, model, record, before, failed, config):
             return None
         limit = asyncio.timeout(config.train_timeout)
         try:
@@ -115,7 +120,7 @@ async def ship(
                 )
         except Exception as error:
             if isinstance(error, TimeoutError) and limit.expired():
-                journal.shipping_failed(step, f"no answer in {config.train_timeout} s")
+                record.failed(f"no answer in {config.train_timeout} s")
                 raise TrainingError(
                     f"step {step}: backend.train did not return within train_timeout="
                     f"{config.train_timeout} s and was cancelled. The groups are kept: {retry} "
@@ -123,7 +128,7 @@ async def ship(
                     "train_timeout if training takes longer"
                 ) from None
             failed = repr(error)
-            journal.shipping_failed(step, failed)
+            record.failed(failed)
             if getattr(model, "_backend", None) is None:
                 raise TrainingError(
                     f"step {step}: the backend refused to train ({error!r}) and the model "
@@ -148,7 +153,7 @@ async def ship(
             await asyncio.sleep(delay)
             continue
         if not isinstance(result, art.TrainResult) or not isinstance(result.metrics, dict):
-            journal.shipping_failed(step, f"returned {result!r:.200}")
+            record.failed(f"returned {result!r:.200}")
             raise TrainingError(
                 f"step {step}: backend.train returned {result!r:.200}, not an art.TrainResult "
                 "with a dict of metrics (what ART's backends return), so whether it trained is "
@@ -159,13 +164,24 @@ async def ship(
     raise AssertionError("unreachable")
 
 
+@dataclass(frozen=True)
+class _Record:
+    """Where shipping ``step`` (to ``policy``'s model) is recorded in ``journal``."""
+
+    journal: Journal
+    step: int
+    policy: str | None
+
+    def failed(self, cause: str) -> None:
+        self.journal.shipping_failed(self.step, cause, self.policy)
+
+
 async def _trained_already(
     backend: art.Backend,
     model: art.TrainableModel[Any],
-    step: int,
+    record: _Record,
     before: int | None,
     failed: str | None,
-    journal: Journal,
     config: TrainerConfig,
 ) -> bool:
     """Whether an earlier call for ``step`` trained: the backend's step moved on from
@@ -173,6 +189,7 @@ async def _trained_already(
     was stopped). When the backend cannot say, a step whose last call failed ships again;
     one whose call never returned is a :class:`TrainingError` (training twice would be
     silent)."""
+    step = record.step
     now, why = await backend_step(backend, model, config.train_timeout)
     if before is not None and now is not None:
         if now > before:
@@ -188,10 +205,11 @@ async def _trained_already(
         return False
     if failed is not None:
         return False
-    folder = journal.step_dir(step)
+    path = record.journal.shipping_path(step, record.policy)
+    done = "shipped.json" if record.policy is None else f"trained-{record.policy}.json"
     raise TrainingError(
         f"step {step} was being shipped when the last run stopped, and the backend cannot say "
         f"whether it trained it ({why or 'its step was not recorded before shipping'}). If it "
-        f"did not, delete {folder}/shipping.json and run again; if it did, rename that file "
-        "to shipped.json and run again"
+        f"did not, delete {path} and run again; if it did, rename that file to {done} and "
+        "run again"
     )

@@ -19,6 +19,7 @@ from ..capture._continuity import step_continuity, warn_continuity
 from ..capture._trajectory import Trajectory
 from ..capture._warnings import NothingToTrainWarning, warn_every_time
 from ._group import GroupJudging, independent_stats
+from ._policy import Policy
 from ._report import Progress, reward_stats, untrainable_cause
 from ._resume import check_journaled
 from ._ship import ship
@@ -41,7 +42,13 @@ class StepResult:
     train_result: art.TrainResult | None = None
     trainable_tokens: dict[str, int] = field(default_factory=dict)
     """Sampled tokens ART trains on in each group with learning signal, by example id (0: the
-    group did not ship; see :class:`~arttrace.NothingToTrainWarning`)."""
+    group did not ship; see :class:`~arttrace.NothingToTrainWarning`); with several policies,
+    by ``<policy>/<example id>``."""
+    policy_groups: dict[str, list[art.TrajectoryGroup]] = field(default_factory=dict, repr=False)
+    """With several policies: the groups shipped to each, by policy name."""
+    train_results: dict[str, art.TrainResult | None] = field(default_factory=dict)
+    """With several policies: each policy's ``backend.train`` result (``None``: it shipped
+    nothing this step, or had already trained these groups)."""
 
 
 @dataclass
@@ -91,7 +98,7 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
     )
 
     def on_done(slot: Slot, t: Trajectory) -> Trajectory:
-        t = journal.record(step, slot, t)  # what ships is on disk
+        t = journal.record(step, slot, trainer._assign(t))  # what ships is on disk
         return t if judging is None else judging.done(slot, t)  # its group judged when full
 
     try:
@@ -122,7 +129,8 @@ async def finish[ExampleT](
     waits: Callable[[], dict[str, float]] | None = None,
 ) -> StepResult:
     """Group the step's runs, drop what teaches nothing, ship the rest, record the step.
-    ``waits``: the pipeline's, read once the step has trained, added to its metrics."""
+    ``waits``: the pipeline's, read once the step has trained, added to its metrics. With
+    several policies, each gets its own groups, shipped to its own model."""
     config, schedule, journal = trainer.config, trainer._schedule, trainer._journal
     step, epoch, indices, finished = (
         collected.step,
@@ -140,8 +148,11 @@ async def finish[ExampleT](
         _stale(step, stale, finished, trainer.config.max_steps_off_policy, journal)
     staleness = off_policy((t for slot, t in finished.items() if slot not in stale), step)
     with _gc_paused():
-        groups, failures = build_groups(trainer, indices, finished, stale)
-    failed = sum(failures)
+        parts = [
+            _Part(policy, *build_groups(trainer, indices, finished, stale, policy))
+            for policy in _trained(trainer)
+        ]
+    failed = sum(parts[0].failures)
     if failed > config.allowed_exceptions(len(finished)):
         raise TrainingError(
             f"step {step}: {failed} of {len(finished)} rollouts raised (max_exceptions="
@@ -153,38 +164,40 @@ async def finish[ExampleT](
                 else ""
             )
         )
-    signal = [
-        pos
-        for pos, g in enumerate(groups)
-        if _spread(g) > 0 and _spread(g) >= config.min_reward_spread
-    ]
-    dropped = len(groups) - len(signal)
-    tokens = {pos: sum(trainable_tokens(t) for t in groups[pos].trajectories) for pos in signal}
-    empty = [pos for pos in signal if tokens[pos] == 0]
-    if empty:
-        _nothing_to_train(step, empty, len(signal), finished, journal, config.group_size)
-    shipped, excluded = schedule.select([groups[pos] for pos in signal if tokens[pos]])
+    for part in parts:
+        groups = part.groups
+        part.signal = [
+            pos
+            for pos, g in enumerate(groups)
+            if _spread(g) > 0 and _spread(g) >= config.min_reward_spread
+        ]
+        part.tokens = {
+            pos: sum(trainable_tokens(t) for t in groups[pos].trajectories) for pos in part.signal
+        }
+        part.empty = [pos for pos in part.signal if part.tokens[pos] == 0]
+    left = any(len(part.empty) < len(part.signal) for part in parts)
+    for part in parts:
+        if part.empty:
+            _nothing_to_train(step, part, finished, journal, config.group_size, fatal=not left)
+        part.shipped, part.excluded = schedule.select(
+            [part.groups[pos] for pos in part.signal if part.tokens[pos]]
+        )
 
     train_started = time.perf_counter()
-    train_result = None
-    if shipped and not journal.shipped(step):
-        train_result = await ship(trainer.backend, trainer.model, step, shipped, config, journal)
+    if not journal.shipped(step):
+        await _ship_all(trainer, step, parts)
     train_seconds = time.perf_counter() - train_started
 
-    rewards = [t.reward for g in groups for t in g.trajectories]
+    several = trainer._policies is not None
+    shipped = [g for part in parts for g in part.shipped]
+    rewards = [t.reward for slot, t in finished.items() if _grouped(t, slot, stale)]
     metrics: dict[str, float] = {
         "step": step,
         "epoch": epoch,
-        **reward_stats(rewards),
-        "groups_total": len(groups),
-        "groups_kept": len(shipped),
-        "groups_dropped": dropped,
-        "groups_excluded_by_curriculum": len(excluded),
+        **reward_stats([r for r in rewards if r is not None]),
+        **_sums(parts),
         "trajectories_scored": len(rewards),
         "exceptions": failed,
-        "trainable_tokens": sum(trainable_tokens(t) for g in shipped for t in g.trajectories),
-        "trainable_tokens_group_min": min((tokens[pos] for pos in signal), default=math.nan),
-        "groups_without_trainable_tokens": len(empty),
         "rollout_seconds": collected.seconds,
         "train_seconds": train_seconds,
         **staleness,
@@ -193,20 +206,32 @@ async def finish[ExampleT](
         **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
         **step_continuity(shipped),
     }
+    for part in parts if several else []:
+        own = [t.reward for g in part.groups for t in g.trajectories]
+        prefix = f"{part.policy.key}/" if part.policy else ""
+        metrics |= {prefix + k: v for k, v in (reward_stats(own) | _sums([part])).items()}
     warn_continuity(step, metrics, trainer.config.continuity_warn_rate)
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
-    if train_result is not None:
-        metrics.update(trainer._reporter.train_metrics(step, train_result.metrics))
-    per_group = {str(groups[pos].metadata["example_id"]): tokens[pos] for pos in signal}
-    ranked = shipped + excluded if schedule.curriculum is not None else []
+    for part in parts:
+        metrics |= part.train_metrics
+    per_group = {
+        part.name(str(part.groups[pos].metadata["example_id"])): part.tokens[pos]
+        for part in parts
+        for pos in part.signal
+    }
+    ranked = parts[0].shipped + parts[0].excluded if schedule.curriculum is not None else []
     journal.mark_shipped(
         step,
         {
             "groups": len(shipped),
             "metrics": metrics,
             "trainable_tokens": per_group,
-            "decisions": decisions(groups, finished, stale, tokens, shipped, ranked),
+            "decisions": [
+                {**d, **({"policy": part.policy.key} if part.policy else {})}
+                for part in parts
+                for d in decisions(part.groups, finished, stale, part.tokens, part.shipped, ranked)
+            ],
         },
     )
     trainer.completed_steps = step + 1
@@ -216,25 +241,136 @@ async def finish[ExampleT](
             **({"curriculum": schedule.curriculum.state()} if schedule.curriculum else {}),
         }
     )
-    return StepResult(step, epoch, metrics, shipped, train_result, per_group)
+    return StepResult(
+        step,
+        epoch,
+        metrics,
+        shipped,
+        parts[0].train_result if not several else None,
+        per_group,
+        {part.policy.key: part.shipped for part in parts if part.policy},
+        {part.policy.key: part.train_result for part in parts if part.policy},
+    )
+
+
+@dataclass
+class _Part:
+    """One policy's share of a step (``policy`` ``None``: the one model's)."""
+
+    policy: Policy | None
+    groups: list[art.TrajectoryGroup]
+    failures: list[int]
+    signal: list[int] = field(default_factory=list)
+    """The positions of the groups with learning signal."""
+    tokens: dict[int, int] = field(default_factory=dict)
+    """Trainable tokens of each group with learning signal, by position."""
+    empty: list[int] = field(default_factory=list)
+    shipped: list[art.TrajectoryGroup] = field(default_factory=list)
+    excluded: list[art.TrajectoryGroup] = field(default_factory=list)
+    train_result: art.TrainResult | None = None
+    train_metrics: dict[str, float] = field(default_factory=dict)
+
+    def name(self, metric: str) -> str:
+        """``metric`` as this policy's (``planner/train/loss``; unchanged for one model)."""
+        return f"{self.policy.key}/{metric}" if self.policy else metric
+
+
+def _trained(trainer: Trainer[Any]) -> list[Policy | None]:
+    """The policies the step ships (``[None]``: the Trainer's one model)."""
+    if trainer._policies is None:
+        return [None]
+    return [p for p in trainer._policies if not p.frozen]
+
+
+def _sums(parts: list[_Part]) -> dict[str, float]:
+    """What happened to the groups of ``parts``, summed."""
+    from ..capture._art import trainable_tokens
+
+    return {
+        "groups_total": sum(len(p.groups) for p in parts),
+        "groups_kept": sum(len(p.shipped) for p in parts),
+        "groups_dropped": sum(len(p.groups) - len(p.signal) for p in parts),
+        "groups_excluded_by_curriculum": sum(len(p.excluded) for p in parts),
+        "trainable_tokens": sum(
+            trainable_tokens(t) for p in parts for g in p.shipped for t in g.trajectories
+        ),
+        "trainable_tokens_group_min": min(
+            (n for p in parts for n in p.tokens.values()), default=math.nan
+        ),
+        "groups_without_trainable_tokens": sum(len(p.empty) for p in parts),
+    }
+
+
+async def _ship_all(trainer: Trainer[Any], step: int, parts: list[_Part]) -> None:
+    """Ship each part's groups to its model, exactly once per policy: policies on different
+    backends concurrently, those sharing one in turn. A policy that trained is recorded at
+    once (``trained-<policy>.json``), so a step stopped or failed between two policies'
+    training ships only the missing ones when resumed."""
+    journal, config = trainer._journal, trainer.config
+    by_backend: dict[int, list[_Part]] = {}
+    for part in parts:
+        if part.shipped:
+            backend = (part.policy and part.policy.backend) or trainer.backend
+            by_backend.setdefault(id(backend), []).append(part)
+
+    async def one(part: _Part) -> None:
+        if part.policy is None:
+            part.train_result = await ship(
+                trainer.backend, trainer.model, step, part.shipped, config, journal
+            )
+            if part.train_result is not None:
+                part.train_metrics = trainer._reporter.train_metrics(
+                    step, part.train_result.metrics
+                )
+            return
+        key = part.policy.key
+        done = journal.trained(step, key)
+        if done is not None:
+            part.train_metrics = done
+            return
+        backend = part.policy.backend or trainer.backend
+        part.train_result = await ship(
+            backend, part.policy.model, step, part.shipped, config, journal, policy=key
+        )
+        if part.train_result is not None:
+            metrics = trainer._reporter.train_metrics(step, part.train_result.metrics)
+            part.train_metrics = {f"{key}/{k}": v for k, v in metrics.items()}
+        journal.mark_trained(step, key, part.train_metrics)
+
+    async def in_turn(parts: list[_Part]) -> None:
+        for part in parts:
+            await one(part)
+
+    results = await asyncio.gather(
+        *(in_turn(parts) for parts in by_backend.values()), return_exceptions=True
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _nothing_to_train(
     step: int,
-    empty: list[int],
-    with_signal: int,
+    part: _Part,
     runs: dict[Slot, Trajectory],
     journal: Journal,
     group_size: int,
+    *,
+    fatal: bool,
 ) -> None:
     """Never silent: groups with learning signal but no trainable token are not shipped, with
-    one warning for the step naming the cause and its fix. When no group is left, the step
-    fails: every step would do the same until the capture is fixed, and each costs its
-    rollouts. Its rollouts are set aside (kept for reading), so that ``resume=True`` runs the
-    step again once the cause is fixed instead of reading back runs with nothing to train."""
-    cause = untrainable_cause(runs[(pos, k)] for pos in empty for k in range(group_size))
-    what = f"{len(empty)} of the {with_signal} groups with learning signal"
-    if len(empty) < with_signal:
+    one warning for the step (and policy) naming the cause and its fix. When no group of any
+    policy is left (``fatal``), the step fails: every step would do the same until the
+    capture is fixed, and each costs its rollouts. Its rollouts are set aside (kept for
+    reading), so that ``resume=True`` runs the step again once the cause is fixed instead of
+    reading back runs with nothing to train."""
+    cause = untrainable_cause(
+        (runs[(pos, k)] for pos in part.empty for k in range(group_size)),
+        None if part.policy is None else part.policy.key,
+    )
+    whose = "" if part.policy is None else f"policy {part.policy.key!r}: "
+    what = f"{whose}{len(part.empty)} of the {len(part.signal)} groups with learning signal"
+    if not fatal:
         warn_every_time(
             f"arttrace: step {step}: {what} hold no trainable token (no policy turn ART can "
             f"train on) and are not shipped; {cause}",
@@ -286,11 +422,12 @@ def build_groups(
     indices: list[int],
     done: dict[Slot, Trajectory],
     left_out: Collection[Slot] = (),
+    policy: Policy | None = None,
 ) -> tuple[list[art.TrajectoryGroup], list[int]]:
-    """One group per example, and the number of its runs that raised. Runs are converted to
-    ART here, once all have finished: an ART trajectory is ~600 small objects, and holding a
-    step's worth of them through the rollouts made every full garbage collection in between
-    walk them all."""
+    """One group per example (of ``policy``'s trajectories, when the Trainer has several),
+    and the number of its runs that raised. Runs are converted to ART here, once all have
+    finished: an ART trajectory is ~600 small objects, and holding a step's worth of them
+    through the rollouts made every full garbage collection in between walk them all."""
     import art  # loaded: finish() waited for it
     from art.trajectories import PydanticException
 
@@ -298,11 +435,7 @@ def build_groups(
     groups, failures = [], []
     for pos, index in enumerate(indices):
         slots = [(pos, k) for k in range(group_size)]
-        ok = [
-            done[s].to_art(trainer._continuity_tokenizer)
-            for s in slots
-            if _grouped(done[s], s, left_out)
-        ]
+        ok = [_to_art(trainer, done[s], policy) for s in slots if _grouped(done[s], s, left_out)]
         exceptions = [PydanticException(**error) for s in slots if (error := done[s].exception)]
         example_id = schedule.example_id(schedule.dataset[index], index, "train")
         groups.append(
@@ -310,6 +443,22 @@ def build_groups(
         )
         failures.append(len(exceptions))
     return groups, failures
+
+
+def _to_art(trainer: Trainer[Any], run: Trajectory, policy: Policy | None) -> art.Trajectory:
+    """``run`` as ART trains it: as ``policy`` sees it (its own turns trainable, its own
+    reward and ``independent_reward``), or whole for the Trainer's one model."""
+    if policy is None:
+        return run.to_art(trainer._continuity_tokenizer)
+    key = policy.key
+    converted = run.to_art(trainer._tokenizers[key], policy=key)
+    converted.reward = run.reward_for(key) or 0.0
+    own = converted.metrics.pop(f"independent_reward/{key}", None)
+    for name in [m for m in converted.metrics if m.startswith("independent_reward/")]:
+        del converted.metrics[name]
+    if own is not None:
+        converted.metrics["independent_reward"] = own
+    return converted
 
 
 def _grouped(run: Trajectory, slot: Slot, left_out: Collection[Slot]) -> bool:

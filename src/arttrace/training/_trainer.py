@@ -23,6 +23,7 @@ from .._errors import ConfigurationError, UsageError
 from .._journal import Journal, Slot
 from ..capture._continuity import PolicyTokenizer
 from ..capture._trajectory import MetadataValue, Trajectory
+from ..capture._warnings import warn_every_time
 from ..executors import Executor, InProcessExecutor
 from ..executors._rollout import RewardFn, Rollout, RolloutRunner
 from ._art_import import ModelFactory, TrainerModel, start_art_import
@@ -30,6 +31,7 @@ from ._config import TrainerConfig, check_train_kwargs, read_dataset, unexpected
 from ._curriculum import Curriculum
 from ._group import GroupRewardFn, check_group_reward, own_reward
 from ._pipeline import Pipeline
+from ._policy import Policy, assign, policies_of
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
 from ._schedule import Schedule
@@ -64,9 +66,14 @@ class Trainer[ExampleT]:
             and calls the function (importing ``art`` inside it is then instant) and
             registers the model with ``backend`` when the first step's groups are built.
             Pass the model itself when the rollouts need it first (to sample from
-            ``model.inference_base_url``).
+            ``model.inference_base_url``). Or a list of models and
+            :class:`~arttrace.Policy` s, to train several policies of one agent system from
+            the same runs, in the same step (docs/policies.md): each policy turn belongs to
+            the policy whose model it was sent to (or that its ``@trainable(policy=...)``
+            named); each policy gets groups of its own, per example, shipped to its own model.
         backend: An ART backend (``art.local.LocalBackend()``, ``art.ServerlessBackend(...)``,
-            :class:`~arttrace.DryRunBackend`).
+            :class:`~arttrace.DryRunBackend`); with several policies, the one of each policy
+            that names none.
         rollout: One run of the agent on one example. An async function, or a sync one, which
             runs in a worker thread (at most ``max_concurrency`` at a time) in the run's
             context, so ``current_trajectory()`` and a sync OpenAI client work in it. The
@@ -89,7 +96,9 @@ class Trainer[ExampleT]:
             rollout set with ``arttrace.current_trajectory().reward = ...`` (anything else it
             returns, such as its answer, is then ignored). No reward, a reward that is not a
             finite real number, or two sources that disagree fail the run with an error that
-            says what to do.
+            says what to do. With several policies, each source may instead give one reward
+            per policy, ``{policy name: reward}`` (``current_trajectory().policy_rewards``);
+            by default every policy's trajectory of a run gets the run's reward.
         group_reward: Scores a group's runs relative to each other (an LLM judge such as
             :func:`arttrace.rewards.ruler`): ``group_reward(group)``, sync or async, gets an
             :class:`~arttrace.Group` (the example and its runs that finished: trajectory,
@@ -97,9 +106,11 @@ class Trainer[ExampleT]:
             :class:`~arttrace.GroupRewards` with metrics). It is called in this process as
             soon as a group's last run ends, with capture off (its calls never enter a run).
             Each run keeps its own reward as ``independent_reward`` in its metrics; a run
-            need not give one (``0.0`` then). Judgments are journaled: ``resume=True`` never
-            judges a group twice. A judge that raises or returns a wrong answer fails the
-            group's runs under ``max_exceptions``, with the cause. See docs/rewards.md.
+            need not give one (``0.0`` then). With several policies, a reward may be one per
+            policy (a mapping), and each policy keeps its own ``independent_reward``.
+            Judgments are journaled: ``resume=True`` never judges a group twice. A judge
+            that raises or returns a wrong answer fails the group's runs under
+            ``max_exceptions``, with the cause. See docs/rewards.md.
 
     Args: Batching
         group_size: Runs per example; one group per example, never one across examples.
@@ -191,7 +202,7 @@ class Trainer[ExampleT]:
 
     def __init__(
         self,
-        model: art.TrainableModel[Any] | ModelFactory,
+        model: art.TrainableModel[Any] | ModelFactory | Sequence[art.TrainableModel[Any] | Policy],
         backend: art.Backend,
         rollout: Rollout[ExampleT],
         train_dataset: Iterable[ExampleT],
@@ -259,10 +270,29 @@ class Trainer[ExampleT]:
                 f"arttrace.RayExecutor(...)), got {type(executor).__name__}"
             )
         start_art_import()  # rollouts need only capture: ART loads meanwhile
+        self._policies: list[Policy] | None = None
+        """The policies when several were given (``None``: one model, as always)."""
+        if isinstance(model, Sequence) and not isinstance(model, str):
+            self._policies = policies_of(model)
+            if curriculum is not None:
+                raise ConfigurationError(
+                    "a curriculum ranks one policy's groups; with several policies, train "
+                    "without one (curriculum=None)"
+                )
+            for policy in self._policies:
+                if policy.backend is not None:
+                    check_train_kwargs(policy.backend, self.config.train_kwargs)
+            model = self._policies[0].model
         self._models = TrainerModel(model, backend)
+        self._tokenizers = {
+            p.key: PolicyTokenizer.for_trainer(tokenizer, lambda m=p.model: m)  # type: ignore[misc]
+            for p in self._policies or []
+        }
         self._continuity_tokenizer = PolicyTokenizer.for_trainer(
             tokenizer, lambda: self._models.built
         )
+        self._unclaimed: set[str] = set()
+        """What turns no policy claims went by, already warned of."""
         self.backend = backend
         self.executor: Executor = InProcessExecutor() if executor is None else executor
         check_group_reward(group_reward)
@@ -287,7 +317,11 @@ class Trainer[ExampleT]:
         self.output_dir = self.config.output_dir
         self._journal = Journal(self.output_dir)
         self._reporter = Reporter(
-            self.output_dir, self._models, log_to_model=log_to_model, progress=progress
+            self.output_dir,
+            self._models,
+            self._policies,
+            log_to_model=log_to_model,
+            progress=progress,
         )
         state = open_run(self._journal, run_settings(self), resume)
         self.completed_steps: int = state.get("completed_steps", 0)
@@ -298,7 +332,11 @@ class Trainer[ExampleT]:
     @property
     def model(self) -> art.TrainableModel[Any]:
         """The model being trained (one a factory builds exists once ART has loaded, when
-        the first step's groups are built)."""
+        the first step's groups are built). With several policies: see :attr:`policies`."""
+        if self._policies is not None:
+            raise UsageError(
+                "this Trainer trains several policies: read trainer.policies[name].model"
+            )
         model = self._models.built
         if model is None:
             raise UsageError(
@@ -307,6 +345,33 @@ class Trainer[ExampleT]:
                 "pass the Trainer the model itself"
             )
         return model
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        """The policies trained (and served frozen) by name; one, the model's, when the
+        Trainer was given one model."""
+        if self._policies is None:
+            return {self.model.name: Policy(self.model)}
+        return {p.key: p for p in self._policies}
+
+    def _assign(self, run: Trajectory) -> Trajectory:
+        """Record on each policy turn of ``run`` the policy it belongs to (several policies
+        only), warning once for what no policy claims: those turns train nothing."""
+        if self._policies is None:
+            return run
+        new = assign(run, self._policies) - self._unclaimed
+        if new:
+            self._unclaimed |= new
+            known = ", ".join(f"{p.key} ({', '.join(sorted(p.names()))})" for p in self._policies)
+            warn_every_time(
+                f"arttrace: policy turns of {', '.join(sorted(new))} (in run "
+                f"{run.example_id!r}) belong to none of the Trainer's policies [{known}], so "
+                "they are context in every policy's trajectory and train nothing. Give the "
+                "Trainer a Policy for that model, or name one of its policies with "
+                "@trainable(policy=...)",
+                UserWarning,
+            )
+        return run
 
     @property
     def rollout(self) -> Rollout[ExampleT]:
@@ -377,6 +442,9 @@ class Trainer[ExampleT]:
             "examples": len(slots),
             "exceptions": sum(t.exception is not None for t in results.values()),
         }
+        for policy in self._policies or []:
+            own = [r for t in results.values() if (r := t.reward_for(policy.key)) is not None]
+            metrics |= {f"{policy.key}/{k}": v for k, v in reward_stats(own).items()}
         self._reporter.append("validation.jsonl", metrics)
         await self._reporter.report(metrics, step, "val")
         return metrics
