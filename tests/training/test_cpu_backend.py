@@ -249,14 +249,14 @@ async def test_a_cancelled_train_still_counts_the_step_it_trained(backend, tmp_p
     assert (checkpoints / f"{before + 1:04d}" / "config.json").exists()
 
 
-async def _rewarded_group(client: openai.AsyncOpenAI) -> art.TrajectoryGroup:
-    """Two hot samples of one prompt, captured, rewarded 1 and 0."""
+async def _rewarded_group(client: openai.AsyncOpenAI, model: str = "policy") -> art.TrajectoryGroup:
+    """Two hot samples of one prompt from ``model``, captured, rewarded 1 and 0."""
     at.instrument()
 
     @at.trainable
     async def agent() -> None:
         await client.chat.completions.create(
-            model="policy", messages=MESSAGES, max_tokens=3, temperature=3.0
+            model=model, messages=MESSAGES, max_tokens=3, temperature=3.0
         )
 
     runs = []
@@ -269,6 +269,55 @@ async def _rewarded_group(client: openai.AsyncOpenAI) -> art.TrajectoryGroup:
     finally:
         at.uninstrument()
     return art.TrajectoryGroup(runs)
+
+
+async def test_two_registered_models_are_served_and_trained_apart(tmp_path):
+    """One backend hosts two models (a router and a greeter of one system): each starts from
+    the base weights and is served under its own name and ``name@step``; training one
+    changes its weights, step and checkpoints only, the other's replies stay bit for bit."""
+    backend = at.CPUBackend(threads=1)
+    try:
+        first = await registered(backend, tmp_path)
+        second: art.TrainableModel[Any] = art.TrainableModel(
+            name="second", project="test", base_model="tiny", run_name="s", base_path=str(tmp_path)
+        )
+        await second.register(backend)
+        await second.register(backend)  # again: the same weights, not a third copy
+        client = first.openai_client()
+        assert second.inference_base_url == first.inference_base_url
+        assert [m.id async for m in client.models.list()] == [
+            "policy", "policy@0", "second", "second@0"
+        ]  # fmt: skip
+
+        async def reply(name: str) -> tuple[list[int], list[float]]:
+            response = await client.chat.completions.create(
+                model=name, messages=MESSAGES, max_tokens=6, logprobs=True, seed=3
+            )
+            choice: Any = response.choices[0]
+            return choice.model_extra["token_ids"], [e.logprob for e in choice.logprobs.content]
+
+        before = {name: await reply(name) for name in ("policy", "second")}
+        assert before["policy"] == before["second"]  # the same base weights
+
+        result = await backend.train(first, [await _rewarded_group(client)], learning_rate=1e-2)
+        assert result.step == 1
+        assert (await backend._get_step(first), await backend._get_step(second)) == (1, 0)
+        assert await reply("second") == await reply("second@0") == before["second"]
+        assert (await reply("policy@1"))[1] != before["policy"][1]
+        with pytest.raises(openai.NotFoundError):
+            await reply("policy@0")  # the weights moved on
+        models = tmp_path / "test" / "models"
+        assert [p.name for p in (models / "t" / "checkpoints").iterdir()] == ["0001"]
+        assert not (models / "s" / "checkpoints").exists()
+
+        trained = await reply("policy")
+        group = await _rewarded_group(client, "second")
+        assert (await backend.train(second, [group], learning_rate=1e-2)).step == 1
+        assert (await backend._get_step(first), await backend._get_step(second)) == (1, 1)
+        assert await reply("policy") == trained
+        assert (await reply("second@1"))[1] != before["second"][1]
+    finally:
+        await backend.close()
 
 
 async def test_the_same_seed_gives_the_same_run(tmp_path):

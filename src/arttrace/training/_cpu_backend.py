@@ -8,6 +8,11 @@ weights, which the next request samples from. Each step is checkpointed as a Hug
 ``CPUBackend(model=...)`` can load again; registering a model that has checkpoints resumes from
 the latest.
 
+One backend hosts several models at once (a router and a greeter, each ``await
+model.register(backend)``): each gets its own copy of the base weights, optimizer and step
+count, the server answers each under its own name (and ``name@step``), and ``train`` changes
+only the model it is given.
+
 The same ``seed``, requests and ``threads`` on one machine give the same run: the weights, each
 request's samples (:class:`~arttrace.training._cpu_server.SamplingSeeds`) and each training
 step, whatever order concurrent requests arrive or finish in.
@@ -23,6 +28,7 @@ import random
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,9 +45,26 @@ from art.preprocessing.tokenize import (
 
 from .._errors import ConfigurationError, TrainingError
 from ._cpu_model import Policy, attention_pattern, load_policy
-from ._cpu_server import PolicyServer, SamplingSeeds
+from ._cpu_server import PolicyServer, SamplingSeeds, Served
 
 _log = logging.getLogger("arttrace")
+
+
+@dataclass(eq=False)
+class _Hosted:
+    """One registered model's state: its weights, optimizer, steps trained and sampling seeds."""
+
+    model: Any
+    policy: Policy
+    seeds: SamplingSeeds = field(init=False)
+    step: int = 0
+    optimizer: torch.optim.Optimizer | None = None
+    training: asyncio.Future[dict[str, float]] | None = None
+    """The last ``train``'s thread (it outlives a cancelled caller)."""
+
+    def sampling(self, seed: int, salt: str) -> _Hosted:
+        self.seeds = SamplingSeeds(seed, lambda: self.step, salt)
+        return self
 
 
 class CPUBackend:
@@ -58,8 +81,11 @@ class CPUBackend:
     a 150k vocabulary they are most of a small model's parameters and of its training time.
     ``keep_checkpoints``: how many of the latest step checkpoints to keep on disk (default 2:
     the one a registration resumes from and the one before; ``None``: all). Each is a full copy
-    of the weights (55 MB for the tiny model), so keeping all fills a disk in a long run. One
-    backend serves and trains one ART model.
+    of the weights (55 MB for the tiny model), so keeping all fills a disk in a long run.
+
+    Each ART model registered gets its own weights, starting from the same base (``model``
+    or the seeded built-in one), its own optimizer and step count; the first registered trains
+    on :attr:`policy`, built here, and samples as a one-model backend does.
     """
 
     def __init__(
@@ -83,40 +109,61 @@ class CPUBackend:
         self._keep = keep_checkpoints
         if threads is not None:
             torch.set_num_threads(threads)
-        self.policy: Policy = load_policy(
-            model, config, seed, frozen_embeddings=not train_embeddings
-        )
-        self.policy.threads = threads
-        if not train_embeddings:
-            for module in (
-                self.policy.model.get_input_embeddings(),
-                self.policy.model.get_output_embeddings(),
-            ):
-                module.weight.requires_grad_(False)
+        self._source, self._config, self._seed = model, config, seed
+        self._threads, self._train_embeddings = threads, train_embeddings
+        self.policy: Policy = self._build_policy()
+        """The first registered model's policy (the base weights until it trains)."""
         self._host, self._port, self._max_tokens = host, port, max_tokens
         self._server: PolicyServer | None = None
-        self._model: Any = None
-        self._step = 0
-        self._training: asyncio.Future[dict[str, float]] | None = None
-        """The last ``train``'s thread (it outlives a cancelled caller)."""
-        self._seeds = SamplingSeeds(seed, lambda: self._step)
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._hosted: dict[str, _Hosted] = {}
+        """Each registered model's state, by model name, in the order they registered."""
+
+    def _build_policy(self) -> Policy:
+        policy = load_policy(
+            self._source, self._config, self._seed, frozen_embeddings=not self._train_embeddings
+        )
+        policy.threads = self._threads
+        if not self._train_embeddings:
+            for module in (
+                policy.model.get_input_embeddings(),
+                policy.model.get_output_embeddings(),
+            ):
+                module.weight.requires_grad_(False)
+        return policy
+
+    def _another_policy(self) -> Policy:
+        """The base weights again, for a second model (the caller's torch RNG left as it was),
+        sharing the first's tokenizer."""
+        with torch.random.fork_rng(devices=[]):
+            built = self._build_policy()
+        policy = Policy(built.model, self.policy.tokenizer)
+        policy.threads = self._threads
+        return policy
 
     # -- ART's Backend protocol -------------------------------------------------------------
 
     async def register(self, model: Any) -> None:
-        if self._model is not None and self._model.name != model.name:
-            raise ConfigurationError(
-                f"this CPUBackend already serves model {self._model.name!r}: create another "
-                f"CPUBackend for {model.name!r}"
-            )
-        if self._model is None and getattr(model, "trainable", False):
+        """Host ``model``: a new name gets its own copy of the base weights (resumed from its
+        latest checkpoint when it has one); a name registered before keeps its weights."""
+        name = str(model.name)
+        if (hosted := self._hosted.get(name)) is not None:
+            hosted.model = model
+            return
+        first = not self._hosted
+        if first:  # claimed at once: a concurrent registration builds its own weights
+            self._hosted[name] = hosted = _Hosted(model, self.policy).sampling(self._seed, "")
+        else:
+            policy = await asyncio.to_thread(self._another_policy)
+            if name in self._hosted:  # registered concurrently while the weights were built
+                self._hosted[name].model = model
+                return
+            self._hosted[name] = hosted = _Hosted(model, policy).sampling(self._seed, name)
+        if getattr(model, "trainable", False):
             latest = self._checkpoints(model)
             if latest:
                 step, folder = latest[-1]
-                await asyncio.to_thread(self._load, folder)
-                self._step = step
-        self._model = model
+                await asyncio.to_thread(self._load, hosted, folder)
+                hosted.step = step
 
     async def _prepare_backend_for_training(
         self, model: Any, config: Any = None
@@ -124,11 +171,10 @@ class CPUBackend:
         if self._server is None:
             self._server = PolicyServer(
                 self.policy,
-                self._served_names,
+                self._served,
                 host=self._host,
                 port=self._port,
                 max_tokens=self._max_tokens,
-                seeds=self._seeds,
             )
             await asyncio.to_thread(self._server.start)
         return self._server.base_url, self._server.api_key
@@ -139,11 +185,14 @@ class CPUBackend:
     async def _get_step(self, model: Any) -> int:
         """The steps trained, once a training step still running has ended (its caller was
         cancelled; see :meth:`train`)."""
-        training = self._training
+        hosted = self._hosted.get(str(model.name))
+        if hosted is None:
+            return 0
+        training = hosted.training
         if training is not None and not training.done():
             with contextlib.suppress(Exception):  # a failed step did not count: its error
                 await asyncio.shield(training)  # went to its own caller
-        return self._step
+        return hosted.step
 
     async def _delete_checkpoint_files(self, model: Any, steps_to_keep: list[int]) -> None:
         """``model.delete_checkpoints()``: the latest is kept whatever ``steps_to_keep`` says
@@ -199,7 +248,7 @@ class CPUBackend:
                 "options are LocalBackend's loss, advantage and packing arguments; there is no "
                 "reference model for a KL penalty)"
             )
-        self._check_model(model)
+        hosted = self._check_model(model)
         config: dev.TrainConfig = {
             "ppo": loss_fn == "ppo",
             "importance_sampling_level": importance_sampling_level,
@@ -221,6 +270,7 @@ class CPUBackend:
         def step() -> dict[str, float]:
             """The optimizer step, the step count and the checkpoint, in one thread."""
             metrics = self._train_step(
+                hosted,
                 groups,
                 config,
                 learning_rate,
@@ -231,18 +281,18 @@ class CPUBackend:
                 max_grad_norm,
             )
             if metrics.get("num_gradient_steps"):
-                self._step += 1
+                hosted.step += 1
                 if save_checkpoint:
-                    self._save(model)
+                    self._save(hosted, model)
             return metrics
 
         # Cancelling the caller (a notebook's interrupt, Ctrl-C under asyncio.run, a timeout)
         # cannot stop the thread: the weights change whatever happens. So the step count and
         # the checkpoint change with them, in the thread, and _get_step waits for it: a
         # resumed Trainer sees that the groups trained and does not train them twice.
-        training = self._training = asyncio.ensure_future(asyncio.to_thread(step))
+        training = hosted.training = asyncio.ensure_future(asyncio.to_thread(step))
         metrics = await asyncio.shield(training)
-        return art.TrainResult(step=self._step, metrics=metrics)
+        return art.TrainResult(step=hosted.step, metrics=metrics)
 
     async def _train_sft(
         self,
@@ -256,8 +306,8 @@ class CPUBackend:
         batch (``config.batch_size``, 8 for ``"auto"``), through ART's ``tokenize_sft_batch``."""
         from art.utils.model_config import get_instruction_response_parts
 
-        self._check_model(model)
-        tokenizer = self.policy.tokenizer
+        hosted = self._check_model(model)
+        tokenizer = hosted.policy.tokenizer
         instruction, response = get_instruction_response_parts(model.base_model, tokenizer)
         items = list(trajectories)
         size = 8 if config.batch_size == "auto" else int(config.batch_size)
@@ -273,18 +323,21 @@ class CPUBackend:
                 tokenizer,
                 instruction,
                 response,
-                max_seq_length=self.policy.max_length,
+                max_seq_length=hosted.policy.max_length,
                 assistant_turns=config.assistant_turns,
             )
             if batch.num_trainable_tokens:
-                yield await asyncio.to_thread(self._sft_step, batch.trajectory_tensors, rate)
-        self._step += 1
-        await asyncio.to_thread(self._save, model)
+                yield await asyncio.to_thread(
+                    self._sft_step, hosted, batch.trajectory_tensors, rate
+                )
+        hosted.step += 1
+        await asyncio.to_thread(self._save, hosted, model)
 
     # -- training ---------------------------------------------------------------------------
 
     def _train_step(
         self,
+        hosted: _Hosted,
         groups: list[art.TrajectoryGroup],
         config: dev.TrainConfig,
         learning_rate: float,
@@ -297,7 +350,7 @@ class CPUBackend:
         started = time.perf_counter()
         results = _canonical(
             tokenize_trajectory_groups(
-                self.policy.tokenizer,
+                hosted.policy.tokenizer,
                 [_by_reward(g) for g in groups],
                 allow_training_without_logprobs=allow_training_without_logprobs,
                 scale_rewards=scale_rewards,
@@ -314,7 +367,7 @@ class CPUBackend:
         longest = max(len(r.token_ids) for r in results)
         # Long rows: many sequences share one forward pass, which is what costs on a CPU.
         seq_len = packed_sequence_length or min(
-            self.policy.max_length, max(1024, 64 * math.ceil(longest / 64))
+            hosted.policy.max_length, max(1024, 64 * math.ceil(longest / 64))
         )
         packed = packed_tensors_from_tokenized_results(
             results,
@@ -324,8 +377,8 @@ class CPUBackend:
             verbosity=0,
         )
         rows = packed["tokens"].shape[0]
-        optimizer = self._optimizer_for(learning_rate)
-        policy = self.policy
+        optimizer = self._optimizer_for(hosted, learning_rate)
+        policy = hosted.policy
         policy.use_threads()
         diagnostics = LossOffPolicyDiagnosticsAccumulator()
         totals = {"loss": 0.0, "entropy": 0.0, "probs_corr": 0.0}
@@ -374,12 +427,14 @@ class CPUBackend:
             "seconds": seconds,
         }
 
-    def _sft_step(self, tensors: list[dict[str, torch.Tensor]], rate: float) -> dict[str, float]:
-        optimizer = self._optimizer_for(rate)
-        model = self.policy.model
-        self.policy.use_threads()
+    def _sft_step(
+        self, hosted: _Hosted, tensors: list[dict[str, torch.Tensor]], rate: float
+    ) -> dict[str, float]:
+        optimizer = self._optimizer_for(hosted, rate)
+        model = hosted.policy.model
+        hosted.policy.use_threads()
         tokens = sum(int((t["labels"] != -100).sum()) for t in tensors)
-        with self.policy.lock:
+        with hosted.policy.lock:
             model.train()
             optimizer.zero_grad()
             total = 0.0
@@ -402,13 +457,13 @@ class CPUBackend:
             "num_trainable_tokens": float(tokens),
         }
 
-    def _optimizer_for(self, learning_rate: float) -> torch.optim.Optimizer:
-        if self._optimizer is None:
-            trained = [p for p in self.policy.model.parameters() if p.requires_grad]
-            self._optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
-        for group in self._optimizer.param_groups:
+    def _optimizer_for(self, hosted: _Hosted, learning_rate: float) -> torch.optim.Optimizer:
+        if hosted.optimizer is None:
+            trained = [p for p in hosted.policy.model.parameters() if p.requires_grad]
+            hosted.optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
+        for group in hosted.optimizer.param_groups:
             group["lr"] = learning_rate
-        return self._optimizer
+        return hosted.optimizer
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -424,43 +479,47 @@ class CPUBackend:
         ]
         return sorted(found)
 
-    def _save(self, model: Any) -> None:
+    def _save(self, hosted: _Hosted, model: Any) -> None:
         from transformers.utils import logging as hf_logging
 
-        folder = self._checkpoint_root(model) / f"{self._step:04d}"
+        folder = self._checkpoint_root(model) / f"{hosted.step:04d}"
         shown = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # one "Writing model shards" bar a step is noise
         try:
-            with self.policy.lock:
-                self.policy.model.save_pretrained(folder)
+            with hosted.policy.lock:
+                hosted.policy.model.save_pretrained(folder)
         finally:
             if shown:
                 hf_logging.enable_progress_bar()
-        self.policy.tokenizer.save_pretrained(folder)
+        hosted.policy.tokenizer.save_pretrained(folder)
         if self._keep is not None:
             for _, old in self._checkpoints(model)[: -self._keep]:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _load(self, folder: Path) -> None:
+    def _load(self, hosted: _Hosted, folder: Path) -> None:
         from transformers import AutoModelForCausalLM
 
         weights = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        with self.policy.lock:
-            self.policy.model.load_state_dict(weights.state_dict())
-        self._optimizer = None
+        with hosted.policy.lock:
+            hosted.policy.model.load_state_dict(weights.state_dict())
+        hosted.optimizer = None
 
-    def _check_model(self, model: Any) -> None:
-        if self._model is None or self._model.name != model.name:
+    def _check_model(self, model: Any) -> _Hosted:
+        hosted = self._hosted.get(str(model.name))
+        if hosted is None:
             raise ConfigurationError(
                 f"model {model.name!r} is not registered with this CPUBackend: call "
                 "`await model.register(backend)` first"
             )
+        return hosted
 
-    def _served_names(self) -> list[str]:
-        if self._model is None:
-            return []
-        name = str(self._model.name)
-        return [name, f"{name}@{self._step}"]
+    def _served(self) -> dict[str, Served]:
+        """Each hosted model under its name and ``name@step`` (the weights it has now)."""
+        served: dict[str, Served] = {}
+        for name, hosted in self._hosted.items():
+            answer = Served(hosted.policy, hosted.seeds)
+            served[name] = served[f"{name}@{hosted.step}"] = answer
+        return served
 
 
 # -- the same groups, the same step ----------------------------------------------------------

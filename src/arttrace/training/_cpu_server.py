@@ -22,7 +22,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -47,15 +48,15 @@ class BadRequest(Exception):
 class SamplingSeeds:
     """The seed of each request that brings none: a hash of the backend's seed, the weights'
     step, the prompt's token ids and how many requests with that prompt came before it at
-    this step.
+    this step (and ``salt``: a second model of one backend samples apart from the first).
 
     Concurrent requests arrive and run in an order that varies from run to run; with these
     seeds only the order among requests for the same prompt varies, and those are
     interchangeable (a group's runs of one example), so the same requests give the same
     samples: the same set for each prompt, whichever run of a group gets which."""
 
-    def __init__(self, seed: int, step: Callable[[], int]) -> None:
-        self._seed, self._step = seed, step
+    def __init__(self, seed: int, step: Callable[[], int], salt: str = "") -> None:
+        self._seed, self._step, self._salt = seed, step, salt.encode()
         self._at: int | None = None
         self._seen: Counter[bytes] = Counter()
         self._lock = threading.Lock()
@@ -69,27 +70,37 @@ class SamplingSeeds:
                 self._seen.clear()
             before = self._seen[key]
             self._seen[key] += 1
-        digest = hashlib.blake2b(f"{self._seed}:{step}:{before}:".encode() + key, digest_size=8)
+        head = f"{self._seed}:{step}:{before}:".encode()
+        digest = hashlib.blake2b(head + key + self._salt, digest_size=8)
         return int.from_bytes(digest.digest()) >> 1  # torch takes up to 64 bits
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a served model name answers with: its policy, and its seedless requests' seeds
+    (without them, torch's global generator)."""
+
+    policy: Policy
+    seeds: SamplingSeeds | None = None
+
+
 class PolicyServer:
-    """Serves ``policy`` under the model names ``names()`` accepts, from a uvicorn thread.
-    ``seeds``: each seedless request's sampling seed (without it, torch's global generator)."""
+    """Serves policies from a uvicorn thread: ``served()`` maps each model name it accepts
+    to the policy that answers it. ``policy``'s tokenizer renders the prompts and decodes the
+    replies of every served policy (they are one base model's fine-tunes)."""
 
     def __init__(
         self,
         policy: Policy,
-        names: Callable[[], list[str]],
+        served: Callable[[], Mapping[str, Served]],
         *,
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str = "cpu",
         max_tokens: int = 256,
-        seeds: SamplingSeeds | None = None,
     ) -> None:
-        self.policy, self.names, self.api_key, self.max_tokens = policy, names, api_key, max_tokens
-        self.seeds = seeds
+        self.policy, self.served, self.api_key = policy, served, api_key
+        self.max_tokens = max_tokens
         self.chat = HFChatTokenizer(policy.tokenizer)
         app = Starlette(
             routes=[
@@ -114,7 +125,7 @@ class PolicyServer:
     # -- routes -----------------------------------------------------------------------------
 
     async def _models(self, request: Request) -> Response:
-        data = [{"id": name, "object": "model", "owned_by": "arttrace"} for name in self.names()]
+        data = [{"id": name, "object": "model", "owned_by": "arttrace"} for name in self.served()]
         return JSONResponse({"object": "list", "data": data})
 
     async def _chat_completions(self, request: Request) -> Response:
@@ -136,8 +147,10 @@ class PolicyServer:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             raise BadRequest("'messages' (a list of chat messages) is required")
         model = body.get("model")
-        if model not in self.names():
+        served = self.served().get(model) if isinstance(model, str) else None
+        if served is None:
             raise BadRequest(f"The model `{model}` does not exist.", 404)
+        policy = served.policy
         try:
             prompt = self.chat.prompt(body["messages"], body.get("tools"))
         except Exception as error:  # the chat template rejected the messages
@@ -146,18 +159,18 @@ class PolicyServer:
         if not 1 <= n <= 64:
             raise BadRequest("'n' must be between 1 and 64")
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_tokens
-        if len(prompt) >= self.policy.max_length:
+        if len(prompt) >= policy.max_length:
             raise BadRequest(
-                f"the prompt has {len(prompt)} tokens; this model's context is "
-                f"{self.policy.max_length}"
+                f"the prompt has {len(prompt)} tokens; this model's context is {policy.max_length}"
             )
         temperature = body.get("temperature")
         seed = body.get("seed")
         if seed is not None:
             seed = int(seed)
-        elif self.seeds is not None:
-            seed = self.seeds.next(prompt)
+        elif served.seeds is not None:
+            seed = served.seeds.next(prompt)
         return {
+            "policy": policy,
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "created": int(time.time()),
             "model": model,
@@ -175,7 +188,8 @@ class PolicyServer:
         }
 
     def _generate(self, plan: dict[str, Any]) -> Iterator[tuple[int, Token, Sample]]:
-        yield from self.policy.generate(
+        policy: Policy = plan["policy"]
+        yield from policy.generate(
             plan["prompt"],
             n=plan["n"],
             max_tokens=plan["max_tokens"],
