@@ -355,3 +355,50 @@ async def test_policies_on_two_backends_train_concurrently(tmp_path):
     assert events[:2] == ["start planner-001", "start executor-001"]
     assert [n for n, _ in planner_backend.trained] == ["planner-001"]
     assert [n for n, _ in executor_backend.trained] == ["executor-001"]
+
+
+async def test_dry_run_backend_writes_what_each_policy_would_train_on(tmp_path):
+    backend = at.DryRunBackend(tmp_path / "dry")
+    trainer = two(tmp_path, PlannerExecutor(), backend)
+    for policy in trainer.policies.values():
+        await policy.model.register(backend)
+    await trainer.step()
+    for name, own, other in (
+        ("planner-001", "planner-001 says 1", "executor-001 says 3"),
+        ("executor-001", "executor-001 says 3", "planner-001 says 1"),
+    ):
+        lines = (tmp_path / "dry" / name / "step-00000" / "groups.jsonl").read_text().splitlines()
+        groups = [art.TrajectoryGroup.model_validate_json(line) for line in lines]
+        assert len(groups) == 2
+        report = json.loads((tmp_path / "dry" / name / "step-00000" / "report.json").read_text())
+        assert report["trainable_tokens"] > 0
+        text = lines[0]
+        assert own in text and other in text  # its turn and the other's, as context
+
+
+async def test_a_run_through_train_reports_and_plots_each_policy(tmp_path, capsys):
+    rewards = lambda k: {"planner": float(k % 2), "executor": 1.0 - k % 2}  # noqa: E731
+    trainer = two(
+        tmp_path, PlannerExecutor(rewards), ModelsBackend(), val_dataset=dataset(2), progress=True
+    )
+    await trainer.train(num_steps=1)
+    err = capsys.readouterr().err
+    assert "planner: reward 0.500, 2 groups, loss 11" in err
+    assert "executor: reward 0.500, 2 groups, loss 12" in err
+    assert "val step 1: reward 0.500 over 2 runs; planner " in err
+    validations = [
+        json.loads(line) for line in (tmp_path / "out/validation.jsonl").read_text().splitlines()
+    ]
+    per_policy = [
+        f"{p}/reward_{s}" for p in ("executor", "planner") for s in ("max", "mean", "min", "std")
+    ]
+    assert len(validations) == 2
+    assert all(sorted(k for k in v if "/" in k) == per_policy for v in validations)
+    assert (tmp_path / "out/reward_plot.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("name", ["a/b", "train"])
+def test_a_policy_name_that_cannot_prefix_metrics_is_refused(tmp_path, name):
+    policies = [at.Policy(model("a", tmp_path), name=name), at.Policy(model("b", tmp_path))]
+    with pytest.raises(ConfigurationError, match="cannot name a policy's metrics"):
+        two(tmp_path, PlannerExecutor(), ModelsBackend(), models=policies)

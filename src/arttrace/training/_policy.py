@@ -66,6 +66,12 @@ def policies_of(models: Sequence[Any]) -> list[Policy]:
     if not policies:
         raise ConfigurationError("the Trainer was given no model: give it one, or a list")
     names = [p.key for p in policies]
+    for name in names:
+        if not name or "/" in name or name == "train":
+            raise ConfigurationError(
+                f"policy name {name!r} cannot name a policy's metrics (<name>/reward_mean): "
+                "give it one without '/' that is not 'train', with Policy(model, name=...)"
+            )
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise ConfigurationError(
@@ -109,7 +115,11 @@ def assign(run: Trajectory, policies: Sequence[Policy]) -> set[str]:
 
 def policy_names(metrics: Mapping[str, Any]) -> list[str]:
     """The policies a step or validation record has figures for (several policies only)."""
-    return [k.removesuffix("/reward_mean") for k in metrics if k.endswith("/reward_mean")]
+    return [
+        k.removesuffix("/reward_mean")
+        for k in metrics
+        if k.endswith("/reward_mean") and k.count("/") == 1 and not k.startswith("train/")
+    ]
 
 
 def policy_view(metrics: Mapping[str, float], policy: str) -> dict[str, float]:
