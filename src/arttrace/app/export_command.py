@@ -85,6 +85,14 @@ def add_export_command(subparsers: Any) -> None:
         "saved ones), the validation runs, or all (default: train for sft, all otherwise)",
     )
     parser.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="sft and parquet: the data of one policy of a system of several (its name, as "
+        "@trainable(policy=...) or the Trainer journaled it, or its model's): only its turns "
+        "are learned or trainable, the others context; its rewards choose the runs (default: "
+        "every policy turn)",
+    )
+    parser.add_argument(
         "--endpoint",
         metavar="URL",
         help="otlp: the collector's OTLP/HTTP base URL, e.g. http://127.0.0.1:4318 "
@@ -110,6 +118,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if fmt == "otlp":
         if args.out is not None:
             parser.error("--out is for --format sft and parquet; otlp sends to --endpoint")
+        if args.policy is not None:
+            parser.error("--policy is for --format sft and parquet (otlp sends every call)")
     else:
         if args.endpoint is not None or args.header:
             parser.error(f"--endpoint and --header are for --format otlp, not {fmt}")
@@ -144,7 +154,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             from ..exports._sft import export_sft
 
             export = export_sft if fmt == "sft" else export_parquet
-            summary = export(args.run_dirs, out, **selection)
+            summary = export(args.run_dirs, out, **selection, policy=args.policy)
     except ArttraceError as error:
         print(f"arttrace export: error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -18,18 +18,23 @@ from ..capture._redact import redact
 from ..capture._trajectory import Trajectory
 
 
-def histories(trajectory: Trajectory) -> list[Conversation]:
+def histories(trajectory: Trajectory, policy: str | None = None) -> list[Conversation]:
     """The run's conversations, ART's order: ``messages_and_choices`` first, then each of
-    ``additional_histories``."""
-    return trajectory.conversations()
+    ``additional_histories``; with ``policy``, as ``to_art(policy=...)`` gives that policy's
+    (only its turns are policy turns, every other one context)."""
+    return trajectory.conversations(policy)
 
 
-def messages(conversation: Conversation, end: int | None = None) -> list[dict[str, Any]]:
+def messages(
+    conversation: Conversation, end: int | None = None, *, weighted: bool = False
+) -> list[dict[str, Any]]:
     """The conversation's messages (its first ``end`` items) as ``Trajectory.messages()``
     renders ``to_art()``'s: a trainable turn (an ART ``Choice``) as ``role``, ``content`` and
     its ``tool_calls``; any other message as recorded, its null content as ``""``. Keys whose
     value is null are left out (absent and null mean the same in the OpenAI format). Not yet
-    redacted: :func:`redacted_json` redacts the text written."""
+    redacted: :func:`redacted_json` redacts the text written. ``weighted``: an assistant
+    message that is not a :func:`policy_turn` (another policy's, or context) carries
+    ``"weight": 0``, the OpenAI fine-tuning format's mark for a message not learned."""
     out = []
     for item in conversation.items[:end]:
         if isinstance(item, Turn) and item.trainable:
@@ -41,6 +46,8 @@ def messages(conversation: Conversation, end: int | None = None) -> list[dict[st
             message = dict(item.choice.message if isinstance(item, Turn) else item)
         if message.get("content") is None:
             message["content"] = ""
+        if weighted and message.get("role") == "assistant" and not policy_turn(item):
+            message["weight"] = 0
         out.append({k: v for k, v in message.items() if v is not None})
     return out
 

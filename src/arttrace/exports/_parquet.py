@@ -18,7 +18,14 @@ sequence so far). ``turns``: every assistant turn, in order: ``history`` (0 the 
 ``model``, ``source`` (the layer that recorded it), ``framework``, ``agent``, ``finish_reason``,
 ``trainable``, ``untrainable_reason``, ``prompt_tokens`` and ``sampled_tokens`` (as recorded),
 ``offset`` (a trainable turn's: where its sampled tokens start in ``token_ids``; its prompt is
-what comes before, back to its sequence's start), ``started_at``, ``ended_at``.
+what comes before, back to its sequence's start), ``started_at``, ``ended_at``, ``policy``
+(the policy the call was journaled under).
+
+Per policy (``policy="planner"``, ``--policy planner``), for a system of several: each run as
+``to_art(policy=...)`` gives that policy's trajectory (only its turns are trainable, and in the
+mask; the others are context), ``reward`` its reward (``policy_rewards``, else the run's), and
+``policy`` its name (``None`` in an export of every policy); a run without a turn of the
+policy is left out.
 
 Written with a streaming ``ParquetWriter`` (zstd), ``row_group_size`` runs at a time: memory
 holds one row group, never the run.
@@ -34,9 +41,11 @@ from typing import Any
 
 from .._errors import ConfigurationError
 from ..capture._conversations import Turn
+from ..capture._records import policy_claims
 from ..capture._redact import redact
+from ..capture._trajectory import Trajectory
 from . import _history
-from ._source import Run, Selection, Split, selected
+from ._source import NOT_THE_POLICY, Run, Selection, Split, selected
 from ._summary import ExportSummary, check_out, private_file
 
 
@@ -58,6 +67,7 @@ def _schema() -> Any:
             ("offset", pa.int64()),
             ("started_at", pa.float64()),
             ("ended_at", pa.float64()),
+            ("policy", pa.string()),
         ]
     )
     return pa.schema(
@@ -89,6 +99,7 @@ def _schema() -> Any:
             ("additional_histories", pa.string()),
             ("metadata", pa.string()),
             ("metrics", pa.string()),
+            ("policy", pa.string()),
         ]
     )
 
@@ -97,8 +108,8 @@ class _RowGroup:
     """Columns of the rows to come; the token columns as flat buffers and offsets (numpy
     arrays made from them, never a Python object per token)."""
 
-    def __init__(self, schema: Any) -> None:
-        self.schema = schema
+    def __init__(self, schema: Any, policy: str | None = None) -> None:
+        self.schema, self.policy = schema, policy
         self.plain: dict[str, list[Any]] = {
             f.name: [] for f in schema if f.name not in ("token_ids", "logprobs", "mask")
         }
@@ -107,9 +118,9 @@ class _RowGroup:
         self.masks: list[bytes] = []
         self.rows = 0
 
-    def add(self, run: Run) -> None:
-        trajectory = run.load()
-        conversations = _history.histories(trajectory)
+    def add(self, run: Run, trajectory: Trajectory | None = None) -> None:
+        trajectory = trajectory or run.load()
+        conversations = _history.histories(trajectory, self.policy)
         tokens = _history.sequences(conversations)
         exception = trajectory.exception or {}
         main, others = (conversations[0], conversations[1:]) if conversations else (None, [])
@@ -121,7 +132,9 @@ class _RowGroup:
             "split": run.row.split,
             "set_aside": run.row.set_aside,
             "example_id": run.row.example_id,
-            "reward": trajectory.reward,
+            "reward": trajectory.reward
+            if self.policy is None
+            else trajectory.reward_for(self.policy),
             "policy_step": run.row.policy_step,
             "exception_type": exception.get("type"),
             "exception_message": _text(exception.get("message")),
@@ -140,6 +153,7 @@ class _RowGroup:
             ),
             "metadata": _json(trajectory.metadata),
             "metrics": _json(trajectory.metrics),
+            "policy": self.policy,
         }
         for name, column in self.plain.items():
             column.append(row[name])
@@ -194,6 +208,7 @@ def _turns(conversations: list[Any], offsets: list[int]) -> list[dict[str, Any]]
                     "offset": next(trainable) if item.trainable else None,
                     "started_at": call.started_at,
                     "ended_at": call.ended_at,
+                    "policy": call.policy,
                 }
             )
     return out
@@ -209,6 +224,11 @@ def _reason(turn: Turn) -> str | None:
     if turn.context_only:
         return "context of another sampled choice (n > 1)"
     return turn.call.untrainable_reason(turn.choice)
+
+
+def _has_turn_of(trajectory: Trajectory, policy: str) -> bool:
+    """Whether a policy turn of the run belongs to ``policy`` (as ``to_art`` claims them)."""
+    return any(c.trainable and policy_claims(policy, c) for c in trajectory.calls)
 
 
 def _text(value: Any) -> str | None:
@@ -227,9 +247,11 @@ def export_parquet(
     min_reward: float | None = None,
     split: Split = "all",
     row_group_size: int = 1000,
+    policy: str | None = None,
 ) -> ExportSummary:
     """Write one row per run under ``paths`` to the Parquet file ``out`` (every run by
-    default, failed ones included; the selection as :func:`export_sft`'s)."""
+    default, failed ones included; the selection as :func:`export_sft`'s). ``policy``: the
+    rows of one policy of several (see the module's docstring)."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     started = time.perf_counter()
@@ -238,17 +260,21 @@ def export_parquet(
         raise ConfigurationError(problem)
     if row_group_size < 1:
         raise ConfigurationError(f"row_group_size must be at least 1, got {row_group_size}")
-    selection = Selection(split, min_reward, best_per_group)
+    selection = Selection(split, min_reward, best_per_group, policy=policy)
     summary = ExportSummary("parquet", str(out))
     schema = _schema()
     with private_file(out) as file, pq.ParquetWriter(file, schema, compression="zstd") as writer:
-        group = _RowGroup(schema)
+        group = _RowGroup(schema, policy)
         for run in selected(paths, selection, summary.skipped):
-            group.add(run)
+            trajectory = run.load()
+            if policy is not None and not _has_turn_of(trajectory, policy):
+                summary.skipped[NOT_THE_POLICY] += 1
+                continue
+            group.add(run, trajectory)
             if group.rows == row_group_size:
                 writer.write_table(group.table(), row_group_size=row_group_size)
                 summary.rows += group.rows
-                group = _RowGroup(schema)
+                group = _RowGroup(schema, policy)
         if group.rows or not summary.rows:  # an empty export is still a table with columns
             writer.write_table(group.table(), row_group_size=row_group_size)
             summary.rows += group.rows

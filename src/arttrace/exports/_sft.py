@@ -16,6 +16,13 @@ It is what ``art.utils.sft.iterate_file`` / ``train_sft_from_file`` read (``mess
 (``datasets.load_dataset("json", data_files=...)``). SFT trains on every assistant message of a
 line (ART's ``assistant_turns="all"``), including a context turn inside the conversation; a
 branch of ``n > 1`` sampling repeats its shared prefix.
+
+Per policy (``policy="planner"``, ``--policy planner``), for a system of several: the lines of
+the conversations holding a turn of that policy, up to its last turn; every other assistant
+message in them (another policy's turn, context) carries ``"weight": 0``, the OpenAI
+fine-tuning format's mark for a message not learned. ART's and TRL's readers read the key
+and train on every assistant message still; where roles share a conversation, train those
+with ``assistant_turns="last"`` on lines cut at each turn, or keep to OpenAI's format.
 """
 
 from __future__ import annotations
@@ -30,19 +37,22 @@ from typing import Any
 from .._errors import ConfigurationError
 from ..capture._trajectory import Trajectory
 from . import _history
-from ._source import NO_POLICY_TURN, Selection, Split, selected
+from ._source import NO_POLICY_TURN, NOT_THE_POLICY, Selection, Split, selected
 from ._summary import ExportSummary, check_out, private_file
 
 
-def sft_lines(trajectory: Trajectory) -> list[dict[str, Any]]:
+def sft_lines(trajectory: Trajectory, policy: str | None = None) -> list[dict[str, Any]]:
     """The run's SFT lines: one per conversation with a policy turn, the main one first (not
-    redacted: the export redacts the text it writes)."""
+    redacted: the export redacts the text it writes). ``policy``: that policy's lines, as
+    ``to_art(policy=...)`` sees the run: one per conversation with a turn of the policy, every
+    other assistant message in it marked ``"weight": 0``."""
     lines = []
-    for conversation in _history.histories(trajectory):
+    for conversation in _history.histories(trajectory, policy):
         end = _history.last_policy_turn(conversation)
         if end is None:
             continue
-        line: dict[str, Any] = {"messages": _history.messages(conversation, end + 1)}
+        messages = _history.messages(conversation, end + 1, weighted=policy is not None)
+        line: dict[str, Any] = {"messages": messages}
         if conversation.tools is not None:
             line["tools"] = conversation.tools
         lines.append(line)
@@ -56,22 +66,28 @@ def export_sft(
     best_per_group: bool = False,
     min_reward: float | None = None,
     split: Split = "train",
+    policy: str | None = None,
 ) -> ExportSummary:
     """Write the SFT data of the runs under ``paths`` to ``out`` (``.jsonl``): every run that
     did not raise, or the best run of each group (``best_per_group``), or those whose reward
-    reaches ``min_reward`` (both: the best, if it reaches it); the training split by default."""
+    reaches ``min_reward`` (both: the best, if it reaches it); the training split by default.
+
+    ``policy``: the data of one policy of several (a name, as ``@trainable(policy=...)`` or
+    the Trainer journaled it, or the model its calls were sent to): only its turns are
+    learned (the other assistant messages of its conversations carry ``"weight": 0``), and
+    its rewards (``Trajectory.policy_rewards``) choose the runs."""
     started = time.perf_counter()
     out = Path(out)
     if (problem := check_out(out, ".jsonl")) is not None:
         raise ConfigurationError(problem)
-    selection = Selection(split, min_reward, best_per_group, skip_raised=True)
+    selection = Selection(split, min_reward, best_per_group, skip_raised=True, policy=policy)
     summary = ExportSummary("sft", str(out))
     skipped: Counter[str] = summary.skipped
     with private_file(out) as file:
         for run in selected(paths, selection, skipped):
-            lines = sft_lines(run.load())
+            lines = sft_lines(run.load(), policy)
             if not lines:
-                skipped[NO_POLICY_TURN] += 1
+                skipped[NO_POLICY_TURN if policy is None else NOT_THE_POLICY] += 1
                 continue
             summary.runs += 1
             summary.rows += len(lines)

@@ -31,7 +31,9 @@ BELOW = "below --min-reward"
 NOT_BEST = "not the best run of their group"
 OTHER_SPLIT = "in another split"
 NO_POLICY_TURN = "had no policy turn"
-"""Why a run was not exported, as the summary counts them (``sft`` adds the last one)."""
+NOT_THE_POLICY = "had no turn of the policy"
+"""Why a run was not exported, as the summary counts them (``sft`` adds the last two, and
+``parquet`` the last one, with ``policy``)."""
 PAGE = 2000
 """Index rows read per query."""
 
@@ -61,12 +63,15 @@ class Selection:
     step's runs of one example), the run with the highest reward (the lowest rollout number on
     a tie); with ``min_reward`` too, only if it reaches it. ``skip_raised``: a run that raised
     is never kept (SFT data); only a run that has a reward can be the best or reach a reward.
+    ``policy``: the export of one policy of several, whose rewards (its own in the run's
+    ``policy_rewards``, else the run's) choose the best and reach ``min_reward``.
     """
 
     split: Split = "all"
     min_reward: float | None = None
     best_per_group: bool = False
     skip_raised: bool = False
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.split not in ("train", "val", "all"):
@@ -135,7 +140,7 @@ def _keep(runs: list[Run], selection: Selection, skipped: Counter[str]) -> Itera
         elif selection.skip_raised and row.exception_type is not None:
             skipped[RAISED] += 1
         elif (selection.best_per_group or selection.min_reward is not None) and (
-            row.reward is None
+            row.reward_for(selection.policy) is None
         ):
             skipped[NO_REWARD] += 1
         else:
@@ -144,13 +149,13 @@ def _keep(runs: list[Run], selection: Selection, skipped: Counter[str]) -> Itera
         best: dict[tuple[Any, ...], Run] = {}
         for run in candidates:  # in slot order: the first of equal rewards stays
             kept = best.get(_group(run))
-            if kept is None or _reward(run) > _reward(kept):
+            if kept is None or _reward(run, selection) > _reward(kept, selection):
                 best[_group(run)] = run
         skipped[NOT_BEST] += len(candidates) - len(best)
         chosen = {id(run) for run in best.values()}
         candidates = [run for run in candidates if id(run) in chosen]
     for run in candidates:
-        if selection.min_reward is not None and _reward(run) < selection.min_reward:
+        if selection.min_reward is not None and _reward(run, selection) < selection.min_reward:
             skipped[BELOW] += 1
         else:
             yield run
@@ -165,6 +170,7 @@ def _group(run: Run) -> tuple[Any, ...]:
     return (run.run_dir, row.step, row.set_aside, where)
 
 
-def _reward(run: Run) -> float:
-    assert run.row.reward is not None
-    return run.row.reward
+def _reward(run: Run, selection: Selection) -> float:
+    reward = run.row.reward_for(selection.policy)
+    assert reward is not None
+    return reward
