@@ -15,7 +15,7 @@ import pytest
 
 from arttrace.app import runs_command as runs
 from arttrace.store import open_run
-from support.policies import two_roles
+from support.policies import rewards, two_roles
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +126,79 @@ def test_arttrace_runs_filters_and_names_policies(
     assert runs_command(str(roles)) == 0
     header, line = capsys.readouterr().out.splitlines()
     assert header.split()[-1] == "policies" and line.endswith("executor, planner")
+
+
+# -- a Trainer of two policies ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def several(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The two roles as two policies of one Trainer (``at.Policy``), each with its reward."""
+    yield two_roles(tmp_path_factory.mktemp("several") / "run", several=True)
+
+
+def test_a_run_of_two_policies(several: Path) -> None:
+    metrics = [json.loads(x) for x in (several / "metrics.jsonl").read_text().splitlines()]
+    validation = [json.loads(x) for x in (several / "validation.jsonl").read_text().splitlines()]
+    with open_run(several) as store:
+        assert store.policies() == ["planner", "executor"]  # as the Trainer declared them
+        assert store.frozen_policies() == []
+        assert store.count(policy="planner") == store.count(policy="executor") == 16
+        for row in store.trajectories(limit=None):
+            assert row.policy_rewards == rewards(row.rollout or 0)
+            assert row.reward_for("executor") == rewards(row.rollout or 0)["executor"]
+        for step in (0, 1):
+            shipped = json.loads(
+                (several / "journal" / f"step-{step:05d}" / "shipped.json").read_text()
+            )
+            groups = store.groups(step)
+            assert [(g.position, g.policy) for g in groups] == [
+                (0, "planner"),
+                (0, "executor"),
+                (1, "planner"),
+                (1, "executor"),
+            ]
+            decided = {(d["policy"], d["example_id"]): d for d in shipped["decisions"]}
+            for g in groups:
+                assert g.policy is not None and g.shipped and g.why_not is None
+                assert g.rewards == tuple(rewards(k)[g.policy] for k in range(4))
+                assert list(g.advantages) == decided[(g.policy, g.example_id)]["advantages"]
+                key = f"{g.policy}/{g.example_id}"
+                assert g.trainable_tokens == shipped["trainable_tokens"][key] > 0
+            assert store.groups(step, "executor") == [g for g in groups if g.policy == "executor"]
+        for row, line in zip(store.steps(), metrics, strict=True):
+            for policy in ("planner", "executor"):
+                own = row.of_policy(policy)
+                assert own.reward_mean == line[f"{policy}/reward_mean"]
+                assert own.groups_kept == line[f"{policy}/groups_kept"] == 2
+                assert own.trainable_tokens == line[f"{policy}/trainable_tokens"]
+        for row, line in zip(store.validations(), validation, strict=True):
+            assert row.of_policy("executor").reward_mean == line["executor/reward_mean"]
+
+
+def test_a_step_one_policy_has_trained_says_so(several: Path, tmp_path: Path) -> None:
+    run = copied(several, tmp_path)
+    step = run / "journal" / "step-00001"
+    (step / "shipped.json").unlink()  # killed after the planner trained, before the executor
+    (step / "trained-executor.json").unlink()
+    with open_run(run) as store:
+        why = {g.policy: g.why_not for g in store.groups(1)}
+        assert why["planner"] == (
+            "the step did not ship yet (planner trained; the step's other policies have not "
+            "finished training)"
+        )
+        assert why["executor"] == (
+            "the step did not ship (executor: backend.train began and has not finished)"
+        )
+
+
+def test_arttrace_runs_shows_each_policy(several: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert runs_command(str(several), "--steps") == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "planner reward" in header and "executor shipped" in header
+    assert runs_command(str(several), "--groups", "--step", "0", "--policy", "executor") == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 3 and all(" executor " in line for line in shown[1:])
+    assert runs_command(str(several), "--steps", "--json") == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert first["policies"]["planner"]["groups_kept"] == 2

@@ -94,7 +94,7 @@ def two_roles(out: Path, *, several: bool = False, steps: int = 2) -> Path:
                     planner, executor = model("planner", out), model("executor", out)
                     for m in (planner, executor):
                         await m.register(backend)
-                    models: Any = [at.Policy(planner), at.Policy(executor)]  # type: ignore[attr-defined]
+                    models: Any = [at.Policy(planner), at.Policy(executor)]
                 else:
                     models = model("roles", out)
                     await models.register(backend)

@@ -440,7 +440,7 @@ class _Shipping:
 
     def __init__(self, store: RunStore, step: int, *, set_aside: bool) -> None:
         self.kind, self.set_aside = store.kind, set_aside
-        folder = store.root / "journal" / f"step-{step:05d}"
+        self.folder = folder = store.root / "journal" / f"step-{step:05d}"
         shipped = read_json(folder / "shipped.json") if self.kind == "trainer" else None
         self.shipped = shipped if isinstance(shipped, dict) else None
         shipping = read_json(folder / "shipping.json") if self.kind == "trainer" else None
@@ -478,14 +478,12 @@ class _Shipping:
         )
 
     def _tokens(self, example_id: str, policy: str | None) -> int | None:
-        """The Trainer's count of the group's trainable tokens, if it recorded one."""
-        tokens = self.tokens.get(example_id)
-        if isinstance(tokens, dict):  # one count per policy
-            tokens = tokens.get(policy or "")
-        elif policy is not None and self.by_policy and isinstance(self.tokens.get(policy), dict):
-            tokens = self.tokens[policy].get(example_id)
-        elif self.by_policy and len(self.by_policy) > 1:
-            tokens = None  # a count over every policy: not this one's
+        """The Trainer's count of the group's trainable tokens, if it recorded one (a run of
+        several policies: under ``<policy>/<example id>``)."""
+        if policy is not None and self.by_policy:
+            tokens = self.tokens.get(f"{policy}/{example_id}")
+        else:
+            tokens = self.tokens.get(example_id)
         return tokens if isinstance(tokens, int) else None
 
     def group(
@@ -524,12 +522,17 @@ class _Shipping:
             trainable_tokens=tokens,
             exceptions=sum(r[5] is not None for r in runs),
             shipped=decided is not None and why is None,
-            why_not=self._why_not(why, decided is not None, runs, spread),
+            why_not=self._why_not(why, decided is not None, runs, spread, policy),
             policy=policy,
         )
 
     def _why_not(
-        self, why: Any, decided: bool, runs: list[tuple[Any, ...]], spread: float
+        self,
+        why: Any,
+        decided: bool,
+        runs: list[tuple[Any, ...]],
+        spread: float,
+        policy: str | None = None,
     ) -> str | None:
         """``why`` (a :data:`~arttrace._journal.WhyNot`, ``None`` if none) in words."""
         if why == "failed":
@@ -544,9 +547,9 @@ class _Shipping:
             return "no trainable token: " + _most_common([c for r in runs for c in _split(r[7])])
         if why is not None:
             return _WHY_NOT.get(why, str(why)).format(spread=spread)
-        return None if decided else self._unshipped()
+        return None if decided else self._unshipped(policy)
 
-    def _unshipped(self) -> str:
+    def _unshipped(self, policy: str | None = None) -> str:
         if self.shipped is not None:
             return (
                 "not recorded: the step shipped, but its run folder was written before arttrace "
@@ -562,6 +565,17 @@ class _Shipping:
                 "the step did not ship (no group with learning signal held a trainable token; "
                 "its runs were set aside in rollouts-nothing-to-train.jsonl)"
             )
+        if policy is not None and self.kind == "trainer" and not self.set_aside:
+            own = read_json(self.folder / f"shipping-{policy}.json")
+            if (self.folder / f"trained-{policy}.json").exists():
+                return (
+                    f"the step did not ship yet ({policy} trained; the step's other policies "
+                    "have not finished training)"
+                )
+            if isinstance(own, dict) and own.get("failed"):
+                return f"the step did not ship ({policy}: backend.train failed: {own['failed']})"
+            if isinstance(own, dict):
+                return f"the step did not ship ({policy}: backend.train began and has not finished)"
         if self.shipping is not None and self.shipping.get("failed"):
             return f"the step did not ship (backend.train failed: {self.shipping['failed']})"
         if self.shipping is not None:
