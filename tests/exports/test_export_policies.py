@@ -149,3 +149,20 @@ def test_the_command_takes_policy_for_sft_and_parquet(
         command(str(roles), "--format", "otlp", "--policy", "planner", "--endpoint", "http://x")
     assert exited.value.code == 2
     assert "--policy is for --format sft and parquet" in capsys.readouterr().err
+
+
+def test_each_policy_s_own_rewards_choose_its_runs(tmp_path: Path) -> None:
+    """Two policies of one Trainer, each with its own reward: the best run of a group is each
+    policy's own (the planner's rollout 1, the executor's rollout 2)."""
+    folder = two_roles(tmp_path / "run", several=True, steps=1)
+    best = {}
+    for policy in ("planner", "executor"):
+        out = tmp_path / f"{policy}.parquet"
+        summary = export_parquet([folder], out, policy=policy, best_per_group=True)
+        rows = pq.read_table(out).to_pylist()
+        assert summary.rows == 2 and summary.skipped == {"not the best run of their group": 6}
+        assert all(r["reward"] == 1.0 and r["policy"] == policy for r in rows)
+        best[policy] = [r["rollout"] for r in rows]
+        sft = tmp_path / f"{policy}.jsonl"
+        assert export_sft([folder], sft, policy=policy, min_reward=1.0).runs == 4
+    assert best == {"planner": [1, 1], "executor": [2, 2]}
