@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Policy"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a model is neither
 class Policy:
     """One model of the agent system, trained (or served frozen) by the Trainer.
 
