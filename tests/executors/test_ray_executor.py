@@ -28,6 +28,7 @@ import art
 import httpx
 import openai
 import pytest
+from openai.types.chat.chat_completion import Choice
 
 import arttrace as at
 from arttrace.capture import _context
@@ -237,6 +238,63 @@ async def test_the_driver_judges_the_groups_of_runs_made_on_ray(
         assert [t["metrics"]["independent_reward"] for t in trajectories] == [
             ray_agents._reward("It is 5.", k) for k in range(GROUP)
         ]
+
+
+async def test_two_policies_on_ray_each_get_their_turns_and_rewards_from_the_workers(
+    four: RayExecutor, servers, tmp_path
+):
+    """A Trainer of two policies with RayExecutor: the reward mapping each rollout returns on
+    its worker comes back with the run, and each policy's groups ship to its own model with
+    its own turns trainable and its own rewards. (Before the test below, which closes the
+    shared executor.)"""
+    from support.policy_runs import ModelsBackend, journaled_policies, model
+
+    backend = ModelsBackend()
+    trainer = at.Trainer(
+        [
+            at.Policy(model("planner-001", tmp_path), name="planner"),
+            at.Policy(model("executor-001", tmp_path), name="executor"),
+        ],
+        backend,
+        ray_agents.two_policies,
+        examples(servers, 2),
+        group_size=GROUP,
+        groups_per_step=2,
+        executor=four,
+        output_dir=tmp_path / "out",
+        progress=False,
+        log_to_model=False,
+    )
+    result = await trainer.step()
+    assert result.metrics["exceptions"] == 0
+    assert sorted(name for name, _ in backend.trained) == ["executor-001", "planner-001"]
+    expected = {
+        "planner-001": ("planner", [float(k % 2) for k in range(GROUP)], "Let me add."),
+        "executor-001": (
+            "executor",
+            [ray_agents._reward("It is 5.", k) for k in range(GROUP)],
+            "It is 5.",
+        ),
+    }
+    for name, (policy, rewards, own) in expected.items():
+        groups = backend.groups(name)
+        assert len(groups) == 2 and result.metrics[f"{policy}/groups_kept"] == 2
+        for group in groups:
+            assert [t.reward for t in group.trajectories] == rewards
+            for t in group.trajectories:
+                (choice,) = [c for c in t.messages_and_choices if isinstance(c, Choice)]
+                assert choice.message.content == own and choice.model_extra["token_ids"]
+    assert journaled_policies(tmp_path / "out") == {
+        ("planner-001", "planner"),
+        ("executor-001", "executor"),
+    }
+    for line in (tmp_path / "out/journal/step-00000/rollouts.jsonl").read_text().splitlines():
+        run = json.loads(line)["trajectory"]
+        k = run["metadata"]["rollout"]
+        assert run["policy_rewards"] == {
+            "planner": float(k % 2),
+            "executor": ray_agents._reward("It is 5.", k),
+        }
 
 
 async def test_a_trainer_on_ray_journals_every_slot_once_saying_where_it_ran(
@@ -686,7 +744,8 @@ def test_with_no_cluster_it_starts_a_quiet_local_ray_and_shuts_it_down_on_close(
 
 
 async def test_the_frozen_form_is_lossless_and_half_the_size_of_json():
-    """What a worker sends back: token ids and logprobs packed, every float64 bit kept."""
+    """What a worker sends back: token ids and logprobs packed, every float64 bit kept, each
+    policy's reward too."""
     llm = ScriptedLLM(lambda request: Reply(" ".join(["token"] * 400)))
     client = openai.AsyncOpenAI(
         base_url="http://scripted/v1",
@@ -701,7 +760,7 @@ async def test_the_frozen_form_is_lossless_and_half_the_size_of_json():
             )
             messages += [r.choices[0].message.model_dump(exclude_none=True)]
             messages += [{"role": "user", "content": "More."}]
-        t.reward = 0.5
+        t.policy_rewards = {"planner": 0.25, "executor": 0.75}  # each policy's, and their mean
     await client.close()
     rng = random.Random(0)
     for call in t.calls:  # a real server's logprobs use every bit; ids of a 150k vocabulary
@@ -713,6 +772,7 @@ async def test_the_frozen_form_is_lossless_and_half_the_size_of_json():
 
     frozen = freeze(t)
     assert thaw(frozen).to_dict() == t.to_dict()
+    assert thaw(frozen).reward_for("planner") == 0.25 and thaw(frozen).reward == 0.5
     tokens = sum(c.completion_tokens for c in t.calls)
     as_json = len(json.dumps(t.to_dict()))
     assert len(frozen) / tokens < 0.5 * as_json / tokens

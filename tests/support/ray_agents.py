@@ -141,3 +141,24 @@ def stuck_on_doomed_node(example: dict[str, Any]) -> float:
 async def constant(example: Any) -> float:
     """No LLM call: what the executor itself costs per rollout."""
     return 1.0
+
+
+@at.trainable
+async def _plan_and_execute(client: openai.AsyncOpenAI, question: str) -> str:
+    messages: list[Any] = [{"role": "user", "content": question}]
+    plan = await client.chat.completions.create(model="planner-001", messages=messages, tools=TOOLS)
+    messages += _tool_turn(plan.choices[0].message)
+    done = await client.chat.completions.create(
+        model="executor-001", messages=messages, tools=TOOLS
+    )
+    return done.choices[0].message.content or ""
+
+
+async def two_policies(example: dict[str, Any]) -> dict[str, float]:
+    """A planner (``planner-001``: the tool call) and an executor (``executor-001``: the
+    answer); returns each policy's reward."""
+    slot = _slot()
+    client = openai.AsyncOpenAI(base_url=example["urls"][slot], api_key="k", max_retries=0)
+    async with client:
+        answer = await _plan_and_execute(client, example["q"])
+    return {"planner": float(slot % 2), "executor": _reward(answer, slot)}

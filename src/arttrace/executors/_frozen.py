@@ -30,6 +30,7 @@ def freeze(t: Trajectory) -> bytes:
     data = {
         "example_id": t.example_id,
         "reward": t.reward,
+        **({"policy_rewards": t.policy_rewards} if t.policy_rewards else {}),
         "metrics": t.metrics,
         "metadata": t.metadata,
         "exception": t.exception,
