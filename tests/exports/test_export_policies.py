@@ -153,7 +153,7 @@ def test_the_command_takes_policy_for_sft_and_parquet(
 
 def test_each_policy_s_own_rewards_choose_its_runs(tmp_path: Path) -> None:
     """Two policies of one Trainer, each with its own reward: the best run of a group is each
-    policy's own (the planner's rollout 1, the executor's rollout 2)."""
+    policy's own (the planner's rollout 1, the executor's rollout 3)."""
     folder = two_roles(tmp_path / "run", several=True, steps=1)
     best = {}
     for policy in ("planner", "executor"):
@@ -164,5 +164,6 @@ def test_each_policy_s_own_rewards_choose_its_runs(tmp_path: Path) -> None:
         assert all(r["reward"] == 1.0 and r["policy"] == policy for r in rows)
         best[policy] = [r["rollout"] for r in rows]
         sft = tmp_path / f"{policy}.jsonl"
-        assert export_sft([folder], sft, policy=policy, min_reward=1.0).runs == 4
-    assert best == {"planner": [1, 1], "executor": [2, 2]}
+        reached = export_sft([folder], sft, policy=policy, min_reward=1.0).runs
+        assert reached == {"planner": 4, "executor": 2}[policy]
+    assert best == {"planner": [1, 1], "executor": [3, 3]}

@@ -45,7 +45,7 @@ async def execute(client: openai.AsyncOpenAI, messages: list[Any]) -> str:
 
 def rewards(rollout: int) -> dict[str, float]:
     """Each role's reward for run ``rollout`` of a group (each varies within the group)."""
-    return {"planner": float(rollout % 2), "executor": float(rollout // 2 % 2)}
+    return {"planner": float(rollout % 2), "executor": float(rollout == 3)}
 
 
 def agent(base_url: str, several: bool) -> Any:

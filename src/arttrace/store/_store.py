@@ -355,6 +355,15 @@ class RunStore:
         found = self._query("SELECT DISTINCT policy FROM policies ORDER BY policy")
         return declared + [p for (p,) in found if p not in declared]
 
+    def trained_policies(self) -> list[str] | None:
+        """The policies whose turns train, when the Trainer declared several (a turn of a
+        frozen policy, or one no policy claimed, is context); ``None`` for a run of one
+        policy (every policy turn trains)."""
+        declared = self._declared()
+        if len(declared) < 2:
+            return None
+        return [p["name"] for p in declared if p.get("frozen") is not True]
+
     def frozen_policies(self) -> list[str]:
         """The declared policies served but not trained (``Policy(frozen=True)``)."""
         return [p["name"] for p in self._declared() if p.get("frozen") is True]

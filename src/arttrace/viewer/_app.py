@@ -11,12 +11,15 @@ The API (JSON; ``r`` is a folder's place in the command line, from 0)::
                                                   tokenizer
     GET /api/runs/{r}/overview                    steps and validations as chart columns
     GET /api/runs/{r}/steps/{step}                the step's row and its groups
-    GET /api/runs/{r}/steps/{step}/groups/{pos}   a group and its runs (reward, advantage)
+    GET /api/runs/{r}/steps/{step}/groups/{pos}?policy
+                                                  a group and its runs (reward, advantage)
     GET /api/runs/{r}/trajectories?filters        runs found (paged: limit <= 200, offset)
     GET /api/runs/{r}/trajectories/{id}           a run as ART trains on it
     GET /api/runs/{r}/trajectories/{id}/items/{conversation}/{item}?offset&limit
                                                   one message or turn whole, tokens paged
     GET /api/runs/{r}/causes                      untrainable cause -> runs having it
+    GET /api/runs/{r}/policies                    the run's policies -> runs holding a turn
+                                                  of each, and the frozen ones
 """
 
 from __future__ import annotations
@@ -141,6 +144,7 @@ class Viewer:
                 self._item,
             ),
             Route("/api/runs/{r:int}/causes", self._causes),
+            Route("/api/runs/{r:int}/policies", self._policies),
             Route("/api/{rest:path}", self._no_route),
             Mount(f"/static/{version}", _Kept(directory=_STATIC), name="static"),
         ]
@@ -259,7 +263,7 @@ class Viewer:
         metric = request.query_params.get("metric") or None
 
         def query(store: RunStore) -> dict[str, Any]:
-            data = _present.overview(store.steps(), store.validations(), metric)
+            data = _present.overview(store.steps(), store.validations(), metric, store.policies())
             last = store.trajectories(order="-step", limit=1)
             data["runs"] = store.count()
             data["last_journal_step"] = last[0].step if last else None
@@ -283,11 +287,13 @@ class Viewer:
 
     async def _group(self, request: Request) -> Response:
         step, position = int(request.path_params["step"]), int(request.path_params["position"])
+        policy = request.query_params.get("policy") or None
 
         def query(store: RunStore) -> dict[str, Any]:
-            group = next((g for g in store.groups(step) if g.position == position), None)
+            group = next((g for g in store.groups(step, policy) if g.position == position), None)
             if group is None:
-                raise ApiError(404, f"step {step} has no group at position {position}")
+                of = "" if policy is None else f" of policy {policy!r}"
+                raise ApiError(404, f"step {step} has no group{of} at position {position}")
             runs = _group_runs(store, group)
             example = _present.example(store.trajectory(runs[0]["id"])) if runs else []
             return {"group": _present.row(group), "runs": runs, "example": example}
@@ -314,10 +320,15 @@ class Viewer:
 
         def query(store: RunStore) -> dict[str, Any]:
             view = _present.run_view(
-                _load(store, row_id), None if decoder is None else decoder.texts
+                _load(store, row_id),
+                None if decoder is None else decoder.texts,
+                store.trained_policies(),
             )
             view["id"] = row_id
-            view["row"], view["group"] = _placed(store, row_id)
+            view["row"], groups = _placed(store, row_id)
+            view["group"], view["groups"] = (groups[0] if groups else None), groups
+            view["run_policies"] = store.policies()
+            view["frozen_policies"] = store.frozen_policies()
             return view
 
         return await self._answer(request, query)
@@ -336,6 +347,7 @@ class Viewer:
                 offset,
                 limit,
                 None if decoder is None else decoder.texts,
+                store.trained_policies(),
             )
             if found is None:
                 raise ApiError(404, "this run has no such message")
@@ -345,6 +357,15 @@ class Viewer:
 
     async def _causes(self, request: Request) -> Response:
         return await self._answer(request, lambda store: {"causes": store.causes()})
+
+    async def _policies(self, request: Request) -> Response:
+        def query(store: RunStore) -> dict[str, Any]:
+            return {
+                "policies": {p: store.count(policy=p) for p in store.policies()},
+                "frozen": store.frozen_policies(),
+            }
+
+        return await self._answer(request, query)
 
     async def _answer(self, request: Request, query: Callable[[RunStore], Any]) -> Response:
         """``query`` on the folder's store, or a JSON error that says what to do: never a
@@ -406,23 +427,28 @@ def _group_runs(store: RunStore, group: GroupRow) -> list[dict[str, Any]]:
     for k, r in enumerate(rows):
         data = _present.row(r)
         data["advantage"] = advantages[k] if len(advantages) == len(rows) else None
+        if group.policy is not None:  # the policy's group: its reward for that policy
+            data["reward"] = r.reward_for(group.policy)
         out.append(data)
     return out
 
 
-def _placed(store: RunStore, row_id: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The run's row, and its group's (with the run's advantage), when the run has a step."""
+def _placed(store: RunStore, row_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's row, and its group's (with the run's advantage), when the run has a step: one
+    per policy in a run of several."""
     found = store.row(row_id)
     if found.step is None or found.position is None:
-        return _present.row(found), None
-    group = next((g for g in store.groups(found.step) if g.position == found.position), None)
-    if group is None:
-        return _present.row(found), None
-    data = _present.row(group)
-    data["advantage"] = next(
-        (r["advantage"] for r in _group_runs(store, group) if r["id"] == row_id), None
-    )
-    return _present.row(found), data
+        return _present.row(found), []
+    groups = []
+    for group in store.groups(found.step):
+        if group.position != found.position:
+            continue
+        data = _present.row(group)
+        data["advantage"] = next(
+            (r["advantage"] for r in _group_runs(store, group) if r["id"] == row_id), None
+        )
+        groups.append(data)
+    return _present.row(found), groups
 
 
 def _int(
@@ -462,6 +488,7 @@ def _filters(request: Request) -> tuple[dict[str, Any], str, int, int]:
         "cause": q.get("cause") or None,
         "text": q.get("text") or None,
         "node": q.get("node") or None,
+        "policy": q.get("policy") or None,
     }
     if filters["split"] not in (None, "train", "val"):
         raise HTTPException(400, f"split is train or val, got {filters['split']!r}")

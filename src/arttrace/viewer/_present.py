@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,16 @@ _STEP_COLUMNS = (
 )
 _WHY_DROPPED = ("groups_without_trainable_tokens", "groups_excluded_by_curriculum")
 """The Trainer's counts of groups with learning signal that did not ship, and why."""
+_POLICY_COLUMNS = (
+    "step",
+    "reward_mean",
+    "reward_std",
+    "groups_total",
+    "groups_kept",
+    "trainable_tokens",
+    "loss",
+)
+"""A policy's own figures in a step of several (``<policy>/reward_mean`` ...)."""
 _VALIDATION_COLUMNS = ("step", "reward_mean", "reward_std", "examples", "exceptions")
 TextOf = Callable[[list[int]], list[str | None]]
 """A tokenizer's text of each token id (``None``: an id it does not have)."""
@@ -78,11 +88,15 @@ def _plain(value: Any) -> Any:
 
 
 def overview(
-    steps: Sequence[StepRow], validations: Sequence[ValidationRow], metric: str | None
+    steps: Sequence[StepRow],
+    validations: Sequence[ValidationRow],
+    metric: str | None,
+    policies: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The run's steps and validations as columns (one list per figure, a step per index)
     for the charts; the names of its other numeric metrics, and ``metric``'s column (default:
-    ``train/loss``, else the first ``train/`` one)."""
+    ``train/loss``, else the first ``train/`` one). ``policies``: the run's; those with figures
+    of their own (``<policy>/reward_mean``: a Trainer of several) get their columns too."""
     shown = steps[:MAX_STEPS]
     columns: dict[str, list[Any]] = {  # the store's typed fields: finite numbers or None
         name: [getattr(s, name) for s in shown] for name in _STEP_COLUMNS
@@ -99,8 +113,29 @@ def overview(
     validation = {
         name: [getattr(v, name) for v in validations[:MAX_STEPS]] for name in _VALIDATION_COLUMNS
     }
+    shown_validations = validations[:MAX_STEPS]
+    own = [
+        p
+        for p in policies
+        if any(f"{p}/reward_mean" in s.metrics for s in shown)
+        or any(f"{p}/reward_mean" in v.metrics for v in shown_validations)
+    ]
+    by_policy = {
+        p: {
+            "steps": {
+                name: [getattr(s.of_policy(p), name) for s in shown] for name in _POLICY_COLUMNS
+            },
+            "validation": {
+                name: [getattr(v.of_policy(p), name) for v in shown_validations]
+                for name in ("step", "reward_mean", "reward_std")
+            },
+        }
+        for p in own
+    }
     return {
         "steps": columns,
+        "policies": list(policies),
+        "by_policy": by_policy,
         "metric_names": ordered,
         "metric": None
         if metric is None
@@ -120,23 +155,32 @@ def _number(value: Any) -> float | int | None:
 # -- a run ----------------------------------------------------------------------------------
 
 
-def run_view(trajectory: Trajectory, text_of_ids: TextOf | None = None) -> dict[str, Any]:
+def run_view(
+    trajectory: Trajectory,
+    text_of_ids: TextOf | None = None,
+    trained: Collection[str] | None = None,
+) -> dict[str, Any]:
     """The run as ART will train on it, with what the journal says about it; the text of
-    tokens journaled as ids only from ``text_of_ids`` (the folder's tokenizer), when given."""
+    tokens journaled as ids only from ``text_of_ids`` (the folder's tokenizer), when given.
+    ``trained``: the policies that train, in a run of several (a turn of any other is
+    context); ``None``: every policy turn trains."""
     conversations = trajectory.conversations()
     in_a_turn = {id(item.call) for c in conversations for item in c.items if isinstance(item, Turn)}
     calls = trajectory.calls
+    shown = [_conversation(c, k, text_of_ids, trained) for k, c in enumerate(conversations)]
     return {
         "example_id": trajectory.example_id,
         "reward": _number(trajectory.reward),
+        "policy_rewards": _plain(trajectory.policy_rewards),
         "metrics": _plain(trajectory.metrics),
         "metadata": _plain(trajectory.metadata),
         "exception": trajectory.exception,
         "started_at": trajectory.started_at,
         "ended_at": trajectory.ended_at,
         "calls": len(calls),
-        "trainable_turns": sum(c.trainable_turns for c in conversations),
-        "conversations": [_conversation(c, k, text_of_ids) for k, c in enumerate(conversations)],
+        "trainable_turns": sum(c["trainable_turns"] for c in shown),
+        "policies": list(dict.fromkeys(c.policy for c in calls if c.trainable and c.policy)),
+        "conversations": shown,
         "calls_without_turn": [_call(c) for c in calls if id(c) not in in_a_turn][:100],
     }
 
@@ -176,6 +220,7 @@ def item_view(
     offset: int,
     limit: int,
     text_of_ids: TextOf | None = None,
+    trained: Collection[str] | None = None,
 ) -> dict[str, Any] | None:
     """One message or turn of the run whole (text uncut), its tokens from ``offset``."""
     conversations = trajectory.conversations()
@@ -186,19 +231,26 @@ def item_view(
         return None
     found = items[item]
     if isinstance(found, Turn):
-        return _turn(found, text_of_ids, offset=offset, limit=limit, max_text=None)
+        return _turn(found, text_of_ids, offset=offset, limit=limit, max_text=None, trained=trained)
     return {"kind": "message", "message": _message(found, None)}
 
 
-def _conversation(conversation: Conversation, k: int, text_of_ids: TextOf | None) -> dict[str, Any]:
+def _conversation(
+    conversation: Conversation,
+    k: int,
+    text_of_ids: TextOf | None,
+    trained: Collection[str] | None = None,
+) -> dict[str, Any]:
     items = conversation.items[:MAX_ITEMS]
     return {
         "index": k,
         "art": "messages_and_choices" if k == 0 else f"additional_histories[{k - 1}]",
         "tools": conversation.tools,
-        "trainable_turns": conversation.trainable_turns,
+        "trainable_turns": sum(
+            isinstance(i, Turn) and _trains(i, trained) for i in conversation.items
+        ),
         "items": [
-            _turn(i, text_of_ids)
+            _turn(i, text_of_ids, trained=trained)
             if isinstance(i, Turn)
             else {"kind": "message", "message": _message(i)}
             for i in items
@@ -207,10 +259,26 @@ def _conversation(conversation: Conversation, k: int, text_of_ids: TextOf | None
     }
 
 
-def why_context(turn: Turn) -> str | None:
-    """Why ``turn`` is context and not trained on, or ``None`` when ART trains on it."""
+def _trains(turn: Turn, trained: Collection[str] | None) -> bool:
+    """Whether ART trains on ``turn``: trainable, and (a run of several policies) a turn of a
+    policy that trains."""
+    return turn.trainable and (trained is None or turn.call.policy in trained)
+
+
+def why_context(turn: Turn, trained: Collection[str] | None = None) -> str | None:
+    """Why ``turn`` is context and not trained on, or ``None`` when ART trains on it;
+    ``trained``: the policies that train, in a run of several."""
     if not turn.call.trainable:
         return NOT_A_POLICY_TURN
+    if trained is not None and turn.call.policy not in trained:
+        if turn.call.policy is None:
+            return (
+                f"context: no policy of the run claims it (its model {turn.call.model!r} is "
+                "none of theirs, and its @trainable named no policy)"
+            )
+        return (
+            f"context: a turn of policy {turn.call.policy!r}, which is frozen (served, not trained)"
+        )
     if turn.context_only:
         return BRANCH_PREFIX
     return turn.call.untrainable_reason(turn.choice)
@@ -223,9 +291,11 @@ def _turn(
     offset: int = 0,
     limit: int = MAX_TOKENS,
     max_text: int | None = MAX_TEXT,
+    trained: Collection[str] | None = None,
 ) -> dict[str, Any]:
     call, choice = turn.call, turn.choice
-    why = why_context(turn)
+    why = why_context(turn, trained)
+    trains = _trains(turn, trained)
     cause = call.untrainable_reason(choice) if call.trainable else None
     ids = choice.token_ids
     logprobs = choice.logprobs
@@ -240,8 +310,9 @@ def _turn(
         text, text_from = text_of_ids(shown), "tokenizer"
     return {
         "kind": "turn",
-        "trainable": turn.trainable,
-        "art": "Choice" if turn.trainable else "message",
+        "trainable": trains,
+        "art": "Choice" if trains else "message",
+        "policy": call.policy,
         "why": why,
         "cause": cause,
         "fix": fix_for(cause) if cause else "",

@@ -9,6 +9,14 @@ export function colorOf(index) {
   return COLORS[index % COLORS.length];
 }
 
+/** A colour per policy of a run of several (its place in the run's policies), on every page. */
+export const POLICY_COLORS = ["#0d9488", "#c026d3", "#ea580c", "#4f46e5", "#ca8a04", "#be123c", "#0369a1", "#4d7c0f"];
+
+export function policyColor(policies, name) {
+  const k = (policies || []).indexOf(name);
+  return k < 0 ? "#6b7280" : POLICY_COLORS[k % POLICY_COLORS.length];
+}
+
 window.arttraceCharts = window.arttraceCharts || {};
 
 let loading = null;

@@ -83,6 +83,11 @@ export function badge(text, kind = "", title = null) {
   return h("span", { class: `badge ${kind}`, text, title });
 }
 
+/** A policy's name in its colour (``color``: the run's colour for it, charts.policyColor). */
+export function policyTag(name, color, title = "the policy this belongs to") {
+  return h("span", { class: "policy-tag", text: name, title, style: `--c:${color}`, dataset: { policy: name } });
+}
+
 export function link(href, text, attrs = {}) {
   return h("a", { href, ...attrs }, text);
 }

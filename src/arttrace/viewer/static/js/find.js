@@ -1,14 +1,14 @@
 // Find: the runs of a folder by reward range, example id, step, split, untrainable cause,
-// text (the store's full-text index) and the Ray node they ran on, a page at a time. The
-// filters live in the URL.
+// policy (a run of several), text (the store's full-text index) and the Ray node they ran on,
+// a page at a time. The filters live in the URL.
 
 import { get } from "./api.js";
-import { colorOf } from "./charts.js";
-import { badge, fill, h, num, pager, problemBox, table } from "./dom.js";
+import { colorOf, policyColor } from "./charts.js";
+import { badge, fill, h, num, pager, policyTag, problemBox, table } from "./dom.js";
 import { gate } from "./common.js";
 
 const LIMIT = 50;
-const FIELDS = ["run", "split", "step", "example_id", "min_reward", "max_reward", "cause", "text", "node", "order", "offset"];
+const FIELDS = ["run", "split", "step", "example_id", "min_reward", "max_reward", "cause", "policy", "text", "node", "order", "offset"];
 
 function go(params) {
   const query = new URLSearchParams();
@@ -22,6 +22,8 @@ export async function renderFind(box, route, app) {
   const runIndex = p.run !== "" ? Number(p.run) : ready.length ? ready[0].index : app.runs.length ? app.runs[0].index : 0;
   const results = h("section", { class: "card results" });
   const causeSelect = h("select", { name: "cause", "aria-label": "untrainable cause" }, h("option", { value: "", text: "any" }));
+  const policySelect = h("select", { name: "policy", "aria-label": "policy" }, h("option", { value: "", text: "any" }));
+  const policyLabel = h("label", { hidden: !p.policy }, "policy", policySelect);
   const input = (name, attrs = {}) => h("input", { name, value: p[name], "aria-label": name.replace("_", " "), ...attrs });
   const form = h(
     "form",
@@ -36,6 +38,7 @@ export async function renderFind(box, route, app) {
       h("label", {}, "reward from", input("min_reward", { type: "number", step: "any", class: "short" })),
       h("label", {}, "to", input("max_reward", { type: "number", step: "any", class: "short" })),
       h("label", {}, "untrainable cause", causeSelect),
+      policyLabel,
       h("label", { class: "wide" }, "text", input("text", { type: "search", placeholder: "words in the messages" })),
       h("label", {}, "Ray node", input("node", { placeholder: "id or address" })),
       h("label", {}, "order", h("select", { name: "order", "aria-label": "order" }, [["step", "step"], ["-step", "step, last first"], ["-reward", "reward, high first"], ["reward", "reward, low first"], ["-id", "newest indexed first"]].map(([v, t]) => h("option", { value: v, text: t, selected: v === (p.order || "step") })))),
@@ -64,10 +67,19 @@ export async function renderFind(box, route, app) {
     }
     try {
       const offset = Number(p.offset || 0);
-      const [listed, found] = await Promise.all([
+      const [listed, found, named] = await Promise.all([
         get(`runs/${runIndex}/causes`),
         get(`runs/${runIndex}/trajectories`, { ...p, run: null, offset, limit: LIMIT }),
+        get(`runs/${runIndex}/policies`),
       ]);
+      const policies = Object.keys(named.policies);
+      fill(
+        policySelect,
+        h("option", { value: "", text: "any" }),
+        Object.entries(named.policies).map(([name, n]) => h("option", { value: name, text: `${name} (${num(n)} runs)${named.frozen.includes(name) ? " · frozen" : ""}`, selected: name === p.policy })),
+      );
+      if (p.policy && !(p.policy in named.policies)) policySelect.append(h("option", { value: p.policy, text: `${p.policy} (0 runs)`, selected: true }));
+      policyLabel.hidden = policies.length < 2 && !p.policy;
       const causes = listed.causes;
       fill(
         causeSelect,
@@ -90,6 +102,7 @@ export async function renderFind(box, route, app) {
             ["reward", (r) => num(r.reward, 3), "num"],
             ["trainable turns", (r) => num(r.trainable_turns), "num"],
             ["trainable tokens", (r) => num(r.trainable_tokens), "num"],
+            ...(found.rows.some((r) => r.policies && r.policies.length) && policies.length > 1 ? [["policies", (r) => (r.policies || []).map((name) => policyTag(name, policyColor(policies, name)))]] : []),
             ["untrainable", (r) => (r.causes || []).map((c) => badge(c, "warn"))],
             ["exception", (r) => (r.exception_type ? badge(r.exception_type, "bad", r.exception_message) : "")],
             ...(found.rows.some((r) => r.node_id) ? [["ran on", (r) => (r.node_id ? h("code", { text: `${r.node_address} pid ${r.worker_pid}`, title: `Ray node ${r.node_id}` }) : "—")]] : []),

@@ -2,8 +2,8 @@
 // folder's steps as a table that leads to the step's groups.
 
 import { get } from "./api.js";
-import { Chart, colorOf } from "./charts.js";
-import { fill, h, num, pager, problemBox, seconds, table } from "./dom.js";
+import { Chart, colorOf, policyColor } from "./charts.js";
+import { fill, h, num, pager, policyTag, problemBox, seconds, table } from "./dom.js";
 
 const PAGE = 25;
 const KINDS = { trainer: "a Trainer's run", gateway: "a gateway's journal", saved: "saved trajectories" };
@@ -36,7 +36,7 @@ export async function renderOverview(box, route, app) {
   const problems = h("div", { class: "problems" });
   const reward = new Chart("reward", {
     title: "Reward per step",
-    note: "mean over the step's runs (solid: training, dashed: validation); hover for values",
+    note: "mean over the step's runs (solid: training, dashed: validation; a run of several policies: a curve per policy too, in its colour); hover for values",
   });
   const tokens = new Chart("tokens", { title: "Trainable tokens shipped per step" });
   const groups = new Chart("groups", {
@@ -94,6 +94,13 @@ export async function renderOverview(box, route, app) {
       series((r, d, color) => [
         { label: `${r.label} · train`, color, points: pairs(d.steps.step, d.steps.reward_mean) },
         { label: `${r.label} · validation`, color, dash: [6, 4], dots: true, gaps: true, points: pairs(d.validation.step, d.validation.reward_mean) },
+        ...Object.entries(d.by_policy || {}).flatMap(([p, own]) => {
+          const mine = policyColor(d.policies, p);
+          return [
+            { label: `${r.label} · ${p} · train`, color: mine, points: pairs(own.steps.step, own.steps.reward_mean) },
+            { label: `${r.label} · ${p} · validation`, color: mine, dash: [6, 4], dots: true, gaps: true, points: pairs(own.validation.step, own.validation.reward_mean) },
+          ];
+        }),
       ]),
     ));
     drawn.push(tokens.set(series((r, d, color) => [{ label: r.label, color, points: pairs(d.steps.step, d.steps.trainable_tokens) }])));
@@ -122,6 +129,10 @@ export async function renderOverview(box, route, app) {
         const d = data.get(r.index);
         const n = d.steps.step.length;
         const validation = new Map(d.validation.step.map((s, i) => [s, d.validation.reward_mean[i]]));
+        const own = Object.entries(d.by_policy || {});
+        const perPolicy = own.length
+          ? [["reward per policy", (i) => own.map(([p, o]) => h("span", { class: "policy-reward", dataset: { policy: p } }, policyTag(p, policyColor(d.policies, p)), ` ${num(o.steps.reward_mean[i], 3)} · ${num(o.steps.groups_kept[i])} of ${num(o.steps.groups_total[i])} shipped`))]]
+          : [];
         const body = h("div");
         const render = () => {
           const o = pages.get(r.index) || 0;
@@ -133,6 +144,7 @@ export async function renderOverview(box, route, app) {
                 ["step", (i) => String(d.steps.step[i]), "num"],
                 ["reward", (i) => `${num(d.steps.reward_mean[i], 3)} ± ${num(d.steps.reward_std[i], 2)}`, "num"],
                 ["validation", (i) => (validation.has(d.steps.step[i]) ? num(validation.get(d.steps.step[i]), 3) : ""), "num"],
+                ...perPolicy,
                 ["groups shipped", (i) => `${num(d.steps.groups_kept[i])} of ${num(d.steps.groups_total[i])}`, "num"],
                 ["dropped: why", (i) => whyDropped(d, i)],
                 ["trainable tokens", (i) => num(d.steps.trainable_tokens[i]), "num"],
@@ -171,6 +183,9 @@ export async function renderOverview(box, route, app) {
             `${r.path} (${KINDS[r.kind] || r.kind}): ${n ? `${num(d.steps_total)} steps${d.cut ? " (the first shown)" : ""}, ` : ""}${num(d.runs)} runs — `,
             h("a", { href: `#/find?run=${r.index}`, text: "find runs" }),
           ),
+          d.policies && d.policies.length > 1
+            ? h("p", { class: "policies small" }, "policies: ", d.policies.map((p) => policyTag(p, policyColor(d.policies, p))))
+            : null,
           journal,
           n ? body : null,
         );

@@ -4,7 +4,8 @@
 // its id, its text and its logprob.
 
 import { get } from "./api.js";
-import { badge, fill, h, num, seconds, when } from "./dom.js";
+import { policyColor } from "./charts.js";
+import { badge, fill, h, num, policyTag, seconds, when } from "./dom.js";
 import { crumbs, folder, folderPage, tokenizerWords } from "./common.js";
 
 function pretty(text) {
@@ -145,7 +146,7 @@ function tokenBox(turn, runPath, at) {
   return box;
 }
 
-function turnItem(turn, runPath, at) {
+function turnItem(turn, runPath, at, policies) {
   const label = turn.trainable ? badge("trains · Choice", "ok", "ART trains on this turn's tokens") : badge("context · message", "ctx", "ART sees this turn as a message; its tokens are not trained on");
   const where = [turn.source, turn.framework].filter(Boolean).join(" / ");
   const head = h(
@@ -153,6 +154,7 @@ function turnItem(turn, runPath, at) {
     { class: "msg-head" },
     h("span", { class: "role", text: "assistant" }),
     label,
+    turn.policy ? policyTag(turn.policy, policyColor(policies, turn.policy), "the policy this turn belongs to") : null,
     h(
       "span",
       { class: "meta" },
@@ -172,7 +174,11 @@ function turnItem(turn, runPath, at) {
   const errors = [turn.error && `error: ${turn.error}`, turn.capture_error && `capture: ${turn.capture_error}`, turn.partial && "the response did not arrive whole"].filter(Boolean);
   return h(
     "div",
-    { class: `msg assistant turn ${turn.trainable ? "trainable" : "context"}`, dataset: { role: "assistant", trainable: turn.trainable ? "yes" : "no" } },
+    {
+      class: `msg assistant turn ${turn.trainable ? "trainable" : "context"}${turn.policy ? " of-policy" : ""}`,
+      dataset: { role: "assistant", trainable: turn.trainable ? "yes" : "no", policy: turn.policy || "" },
+      style: turn.policy ? `--c:${policyColor(policies, turn.policy)}` : null,
+    },
     head,
     why,
     errors.length ? h("p", { class: "why cause", text: errors.join("; ") }) : null,
@@ -182,7 +188,7 @@ function turnItem(turn, runPath, at) {
   );
 }
 
-function conversation(c, runPath) {
+function conversation(c, runPath, policies) {
   const title = c.index === 0 ? "the main conversation" : "another conversation (a sub-agent, a summariser, an n > 1 branch)";
   return h(
     "section",
@@ -191,7 +197,7 @@ function conversation(c, runPath) {
     c.tools && c.tools.length
       ? h("details", { class: "tools" }, h("summary", { text: `tools: ${c.tools.map((t) => (t.function && t.function.name) || t.name || t.type).join(", ")}` }), h("pre", { class: "args", text: JSON.stringify(c.tools, null, 2) }))
       : null,
-    c.items.map((item, i) => (item.kind === "turn" ? turnItem(item, runPath, [c.index, i]) : messageItem(item.message, runPath, [c.index, i]))),
+    c.items.map((item, i) => (item.kind === "turn" ? turnItem(item, runPath, [c.index, i], policies) : messageItem(item.message, runPath, [c.index, i]))),
     c.items_total > c.items.length ? h("p", { class: "muted", text: `… ${num(c.items_total - c.items.length)} more messages not shown` }) : null,
   );
 }
@@ -208,7 +214,7 @@ function legend(words) {
 }
 
 function fact(name, value) {
-  return h("div", { class: "fact" }, h("span", { class: "fact-name", text: name }), h("span", { class: "fact-value" }, value));
+  return h("div", { class: "fact" }, h("span", { class: "fact-name" }, name), h("span", { class: "fact-value" }, value));
 }
 
 // -- the tooltip ----------------------------------------------------------------------------
@@ -247,11 +253,14 @@ export async function renderRun(box, route, app) {
     const runPath = `runs/${run}/trajectories/${id}`;
     const t = await get(runPath);
     const row = t.row, group = t.group;
+    const policies = t.run_policies && t.run_policies.length ? t.run_policies : t.policies;
+    const several = (t.groups || []).length > 1;
+    const tag = (p) => policyTag(p, policyColor(policies, p));
     const step = row && row.step !== null ? row.step : t.metadata.step; // a saved run: its own
     const trail = [];
     if (row && row.step !== null && row.step !== undefined) {
       trail.push([`step ${row.step}`, `#/r/${run}/step/${row.step}`]);
-      if (group) trail.push([`group ${row.position}`, `#/r/${run}/step/${row.step}/group/${row.position}`]);
+      if (group) trail.push([`group ${row.position}`, `#/r/${run}/step/${row.step}/group/${row.position}${group.policy ? `?policy=${encodeURIComponent(group.policy)}` : ""}`]);
     }
     trail.push([row && row.rollout !== null ? `rollout ${row.rollout}` : `run ${id}`]);
     const duration = t.started_at && t.ended_at ? t.ended_at - t.started_at : null;
@@ -271,8 +280,15 @@ export async function renderRun(box, route, app) {
         "div",
         { class: "facts" },
         fact("reward", num(t.reward, 4)),
-        group ? fact("advantage", num(group.advantage, 3)) : null,
-        group ? fact("group", group.shipped ? badge("shipped", "ok") : badge(group.why_not || "not shipped", "warn")) : null,
+        ...Object.entries(t.policy_rewards || {}).map(([p, v]) => fact(h("span", {}, "reward of ", tag(p)), num(v, 4))),
+        group && !several ? fact("advantage", num(group.advantage, 3)) : null,
+        group && !several ? fact("group", group.shipped ? badge("shipped", "ok") : badge(group.why_not || "not shipped", "warn")) : null,
+        ...(several
+          ? t.groups.map((g) =>
+              fact(h("span", {}, "group of ", tag(g.policy)), h("span", { class: "policy-group", dataset: { policy: g.policy } }, `advantage ${num(g.advantage, 3)} `, g.shipped ? badge("shipped", "ok") : badge(g.why_not || "not shipped", "warn"))),
+            )
+          : []),
+        t.policies && t.policies.length ? fact("policies", h("span", { class: "run-policies" }, t.policies.map(tag))) : null,
         fact("step", step ?? "—"),
         fact("rollout", (row && row.rollout) ?? t.metadata.rollout ?? "—"),
         fact("split", t.metadata.split ?? "—"),
@@ -284,7 +300,7 @@ export async function renderRun(box, route, app) {
       ),
       exception,
       legend(words()),
-      t.conversations.length ? t.conversations.map((c) => conversation(c, runPath)) : h("p", { class: "muted", text: "this run recorded no LLM call that gave a turn" }),
+      t.conversations.length ? t.conversations.map((c) => conversation(c, runPath, policies)) : h("p", { class: "muted", text: "this run recorded no LLM call that gave a turn" }),
       t.calls_without_turn.length
         ? h(
             "section",

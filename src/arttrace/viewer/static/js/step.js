@@ -2,7 +2,8 @@
 // advantage, and whether the group shipped to ART or why not.
 
 import { get } from "./api.js";
-import { badge, h, num, seconds, table } from "./dom.js";
+import { policyColor } from "./charts.js";
+import { badge, h, num, policyTag, seconds, table } from "./dom.js";
 import { crumbs, folder, folderPage } from "./common.js";
 
 function shippedCell(group) {
@@ -32,6 +33,8 @@ export async function renderStep(box, route, app) {
   return folderPage(box, app, run, async () => {
     const data = await get(`runs/${run}/steps/${step}`);
     const s = data.step;
+    const policies = [...new Set(data.groups.map((g) => g.policy).filter(Boolean))];
+    const policyColumn = policies.length ? [["policy", (g) => (g.policy ? policyTag(g.policy, policyColor(policies, g.policy)) : "")]] : [];
     const facts = s
       ? h(
           "div",
@@ -61,6 +64,7 @@ export async function renderStep(box, route, app) {
         table(
           [
             ["#", (g) => String(g.position), "num"],
+            ...policyColumn,
             ["example", (g) => h("code", { text: g.example_id })],
             ["runs", (g) => num(g.runs), "num"],
             ["rewards", (g) => rewardDots(g.rewards)],
@@ -71,7 +75,7 @@ export async function renderStep(box, route, app) {
             ["shipped", shippedCell],
           ],
           data.groups,
-          { href: (g) => `#/r/${run}/step/${step}/group/${g.position}`, empty: "no run of this step is in the journal yet", cls: "groups" },
+          { href: (g) => `#/r/${run}/step/${step}/group/${g.position}${g.policy ? `?policy=${encodeURIComponent(g.policy)}` : ""}`, empty: "no run of this step is in the journal yet", cls: "groups" },
         ),
       ),
     ];
@@ -91,15 +95,17 @@ function advantageBar(value) {
 
 export async function renderGroup(box, route, app) {
   const { run, step, position } = route;
+  const policy = route.params.get("policy");
   return folderPage(box, app, run, async () => {
-    const data = await get(`runs/${run}/steps/${step}/groups/${position}`);
+    const data = await get(`runs/${run}/steps/${step}/groups/${position}`, { policy });
     const g = data.group;
     return [
       crumbs(app, run, [`step ${step}`, `#/r/${run}/step/${step}`], [`group ${position}`]),
-      h("h1", {}, "Group ", h("code", { text: g.example_id })),
+      h("h1", {}, "Group ", h("code", { text: g.example_id }), g.policy ? h("span", { class: "h1-sub" }, " of ", policyTag(g.policy, policyColor([g.policy], g.policy))) : null),
       h(
         "div",
         { class: "facts" },
+        g.policy ? fact("policy", g.policy) : null,
         fact("runs", num(g.runs)),
         fact("reward mean", num(g.reward_mean, 3)),
         fact("spread", num(g.spread, 3)),
