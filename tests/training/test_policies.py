@@ -18,7 +18,7 @@ from openai.types.chat.chat_completion import Choice
 import arttrace as at
 from arttrace._errors import ConfigurationError, UsageError
 from arttrace.testing import Reply, ScriptedLLM
-from support.trainer import RecordingBackend, dataset
+from support.trainer import RecordingBackend, dataset, journaled
 
 
 @pytest.fixture(autouse=True)
@@ -402,3 +402,23 @@ def test_a_policy_name_that_cannot_prefix_metrics_is_refused(tmp_path, name):
     policies = [at.Policy(model("a", tmp_path), name=name), at.Policy(model("b", tmp_path))]
     with pytest.raises(ConfigurationError, match="cannot name a policy's metrics"):
         two(tmp_path, PlannerExecutor(), ModelsBackend(), models=policies)
+
+
+async def test_each_policy_counts_its_own_trainings_for_the_off_policy_rule(tmp_path):
+    agent, backend = PlannerExecutor(), ModelsBackend()
+    agent.plan = False  # step 0: the planner does not act, so it does not train
+    trainer = two(tmp_path, agent, backend)
+    with pytest.warns(at.NothingToTrainWarning, match="policy 'planner'"):
+        await trainer.step()
+    agent.plan = True
+    result = await trainer.step()
+    metadata = journaled(tmp_path / "out", 1)[0]["trajectory"]["metadata"]
+    assert metadata["policy_step"] == 1  # the Trainer's steps
+    assert metadata["policy_step/planner"] == 0  # never trained when the run started
+    assert metadata["policy_step/executor"] == 1
+    assert result.metrics["planner/off_policy_steps_max"] == 0
+    assert result.metrics["executor/off_policy_steps_max"] == 0
+    state = json.loads((tmp_path / "out/state.json").read_text())
+    assert state["policy_steps"] == {"planner": 1, "executor": 2}
+    resumed = two(tmp_path, agent, backend, resume=True)
+    assert resumed._policy_steps == {"planner": 1, "executor": 2}

@@ -77,7 +77,9 @@ async def collect[ExampleT](trainer: Trainer[ExampleT], step: int) -> Collected:
     config, schedule, journal = trainer.config, trainer._schedule, trainer._journal
     epoch, indices = schedule.batch(step)
     started = time.perf_counter()
-    finished = journal.finished(step)
+    # runs read back are assigned too: the journal may hold runs this Trainer did not record
+    # (a gateway's, opened over HTTP), whose turns name no policy yet
+    finished = {slot: trainer._assign(t) for slot, t in journal.finished(step).items()}
     slots = {
         (pos, k): (schedule.example_id(schedule.dataset[i], i, "train"), schedule.dataset[i])
         for pos, i in enumerate(indices)
@@ -143,15 +145,18 @@ async def finish[ExampleT](
     from ..capture._art import trainable_tokens
 
     schedule.start_epoch(epoch)
-    stale = stale_runs(finished, step, trainer.config.max_steps_off_policy)
-    if stale:
-        _stale(step, stale, finished, trainer.config.max_steps_off_policy, journal)
-    staleness = off_policy((t for slot, t in finished.items() if slot not in stale), step)
+    limit = config.max_steps_off_policy
+    parts = [_Part(policy) for policy in _trained(trainer)]
+    for part in parts:
+        key, now = part.clock(trainer, step)
+        part.stale = stale_runs(finished, now, limit, key)
+        if part.stale:
+            _stale(step, part, finished, limit, journal, now)
     with _gc_paused():
-        parts = [
-            _Part(policy, *build_groups(trainer, indices, finished, stale, policy))
-            for policy in _trained(trainer)
-        ]
+        for part in parts:
+            part.groups, part.failures = build_groups(
+                trainer, indices, finished, part.stale, part.policy
+            )
     failed = sum(parts[0].failures)
     if failed > config.allowed_exceptions(len(finished)):
         raise TrainingError(
@@ -190,6 +195,7 @@ async def finish[ExampleT](
 
     several = trainer._policies is not None
     shipped = [g for part in parts for g in part.shipped]
+    stale = set.intersection(*(part.stale for part in parts))  # left out of every group
     rewards = [t.reward for slot, t in finished.items() if _grouped(t, slot, stale)]
     metrics: dict[str, float] = {
         "step": step,
@@ -200,7 +206,7 @@ async def finish[ExampleT](
         "exceptions": failed,
         "rollout_seconds": collected.seconds,
         "train_seconds": train_seconds,
-        **staleness,
+        **off_policy((t for slot, t in finished.items() if slot not in stale), step),
         "runs_stale_dropped": len(stale),
         **collected.judged,
         **(waits() if waits else _synchronous_waits(collected.seconds, train_seconds)),
@@ -208,8 +214,11 @@ async def finish[ExampleT](
     }
     for part in parts if several else []:
         own = [t.reward for g in part.groups for t in g.trajectories]
-        prefix = f"{part.policy.key}/" if part.policy else ""
-        metrics |= {prefix + k: v for k, v in (reward_stats(own) | _sums([part])).items()}
+        key, now = part.clock(trainer, step)
+        lags = off_policy((t for s, t in finished.items() if s not in part.stale), now, key)
+        figures = reward_stats(own) | _sums([part]) | lags
+        metrics |= {part.name(k): v for k, v in figures.items()}
+        metrics[part.name("runs_stale_dropped")] = len(part.stale)
     warn_continuity(step, metrics, trainer.config.continuity_warn_rate)
     if schedule.curriculum is not None:
         metrics["curriculum_percentile"] = schedule.curriculum.percentile
@@ -230,15 +239,21 @@ async def finish[ExampleT](
             "decisions": [
                 {**d, **({"policy": part.policy.key} if part.policy else {})}
                 for part in parts
-                for d in decisions(part.groups, finished, stale, part.tokens, part.shipped, ranked)
+                for d in decisions(
+                    part.groups, finished, part.stale, part.tokens, part.shipped, ranked
+                )
             ],
         },
     )
     trainer.completed_steps = step + 1
+    for part in parts:
+        if part.policy and part.shipped:  # it trained (now, or before a resume)
+            trainer._policy_steps[part.policy.key] += 1
     journal.save_state(
         {
             "completed_steps": trainer.completed_steps,
             **({"curriculum": schedule.curriculum.state()} if schedule.curriculum else {}),
+            **({"policy_steps": trainer._policy_steps} if several else {}),
         }
     )
     return StepResult(
@@ -258,8 +273,11 @@ class _Part:
     """One policy's share of a step (``policy`` ``None``: the one model's)."""
 
     policy: Policy | None
-    groups: list[art.TrajectoryGroup]
-    failures: list[int]
+    groups: list[art.TrajectoryGroup] = field(default_factory=list)
+    failures: list[int] = field(default_factory=list)
+    stale: set[Slot] = field(default_factory=set)
+    """The runs left out of its groups: sampled from it more than ``max_steps_off_policy``
+    of its trainings ago."""
     signal: list[int] = field(default_factory=list)
     """The positions of the groups with learning signal."""
     tokens: dict[int, int] = field(default_factory=dict)
@@ -273,6 +291,14 @@ class _Part:
     def name(self, metric: str) -> str:
         """``metric`` as this policy's (``planner/train/loss``; unchanged for one model)."""
         return f"{self.policy.key}/{metric}" if self.policy else metric
+
+    def clock(self, trainer: Trainer[Any], step: int) -> tuple[str, int]:
+        """The metadata key a run records the policy it sampled from under, and how many
+        times the policy has trained: ``("policy_step", step)`` for one model; a policy of
+        several counts its own trainings (a step it had nothing to ship left it as it was)."""
+        if self.policy is None:
+            return "policy_step", step
+        return policy_step_key(self.policy.key), trainer._policy_steps[self.policy.key]
 
 
 def _trained(trainer: Trainer[Any]) -> list[Policy | None]:
@@ -510,36 +536,46 @@ def _synchronous_waits(rollout_seconds: float, train_seconds: float) -> dict[str
     return {"trainer_wait_seconds": rollout_seconds, "rollout_wait_seconds": train_seconds}
 
 
-def off_policy(runs: Iterable[Trajectory], step: int) -> dict[str, float]:
-    """How many steps behind ``step`` the policies the runs sampled from are (runs journaled
-    without a ``policy_step``, by an arttrace before it, are left out)."""
-    lags = [step - p for t in runs if isinstance(p := t.metadata.get("policy_step"), int)]
+def policy_step_key(policy: str) -> str:
+    """Where a run records how many times ``policy`` (one of several) had trained when it
+    started (the metadata ``policy_step`` is the Trainer's steps)."""
+    return f"policy_step/{policy}"
+
+
+def off_policy(runs: Iterable[Trajectory], now: int, key: str = "policy_step") -> dict[str, float]:
+    """How many trainings behind ``now`` the policies the runs sampled from are, by their
+    metadata ``key`` (runs journaled without it, by an arttrace before it, are left out)."""
+    lags = [now - p for t in runs if isinstance(p := t.metadata.get(key), int)]
     return {
         "off_policy_steps_mean": math.fsum(lags) / len(lags) if lags else math.nan,
         "off_policy_steps_max": max(lags, default=math.nan),
     }
 
 
-def stale_runs(runs: dict[Slot, Trajectory], step: int, limit: int) -> set[Slot]:
-    """The runs that sampled from a policy more than ``limit`` steps behind ``step``."""
+def stale_runs(
+    runs: dict[Slot, Trajectory], now: int, limit: int, key: str = "policy_step"
+) -> set[Slot]:
+    """The runs that sampled from a policy more than ``limit`` trainings behind ``now``."""
     return {
         slot
         for slot, t in runs.items()
-        if isinstance(p := t.metadata.get("policy_step"), int) and step - p > limit
+        if isinstance(p := t.metadata.get(key), int) and now - p > limit
     }
 
 
 def _stale(
-    step: int, stale: set[Slot], runs: dict[Slot, Trajectory], limit: int, journal: Journal
+    step: int, part: _Part, runs: dict[Slot, Trajectory], limit: int, journal: Journal, now: int
 ) -> None:
     """The one rule for runs older than ``max_steps_off_policy``: left out of their group
-    (kept in the journal), said once per step. The Trainer never starts such a run; it is
-    met when a run is resumed with a smaller ``max_steps_off_policy`` than it ran with."""
-    oldest = max(
-        step - p for slot in stale if isinstance(p := runs[slot].metadata["policy_step"], int)
-    )
+    (kept in the journal), said once per step (and policy). The Trainer never starts such a
+    run; it is met when a run is resumed with a smaller ``max_steps_off_policy`` than it ran
+    with."""
+    key = "policy_step" if part.policy is None else policy_step_key(part.policy.key)
+    oldest = max(now - p for slot in part.stale if isinstance(p := runs[slot].metadata[key], int))
+    whose = "" if part.policy is None else f"policy {part.policy.key!r}: "
+    stale = part.stale
     warn_every_time(
-        f"arttrace: step {step}: {len(stale)} runs sampled from a policy more than "
+        f"arttrace: step {step}: {whose}{len(stale)} runs sampled from a policy more than "
         f"max_steps_off_policy={limit} steps old are left out of their groups, and the step "
         f"ships without them (they stay in {journal.rollouts_path(step)}). To train on runs "
         f"that old, resume with max_steps_off_policy={oldest} or more before a step ships",

@@ -35,7 +35,7 @@ from ._policy import Policy, assign, policies_of
 from ._report import Reporter, reward_stats
 from ._resume import open_run, run_settings, working
 from ._schedule import Schedule
-from ._step import StepResult, run_rollouts, run_step
+from ._step import StepResult, policy_step_key, run_rollouts, run_step
 
 if TYPE_CHECKING:
     import art
@@ -144,6 +144,7 @@ class Trainer[ExampleT]:
             number of steps trained when it started; its calls sampled from that policy or
             a newer one). A journaled run older than ``k`` steps when its step ships (resumed
             with a smaller ``k`` than it ran with) is left out of its group, with a warning.
+            With several policies, each counts its own trainings (``policy_step/<name>``).
 
     Args: Failure handling
         max_exceptions: Rollouts that may raise in one step, as a count (int) or a fraction of
@@ -325,6 +326,11 @@ class Trainer[ExampleT]:
         )
         state = open_run(self._journal, run_settings(self), resume)
         self.completed_steps: int = state.get("completed_steps", 0)
+        self._policy_steps: dict[str, int] = {
+            p.key: int(state.get("policy_steps", {}).get(p.key, 0)) for p in self._policies or []
+        }
+        """How many times each policy (of several) has trained: a step with nothing to ship
+        for one leaves it as it was (its runs' ``policy_step/<name>``)."""
         if curriculum is not None and "curriculum" in state:
             curriculum.restore(state["curriculum"])
         self._bind()  # last: a Trainer that fails to build leaves no workers behind
@@ -511,6 +517,7 @@ class Trainer[ExampleT]:
                 "step": step,
                 "rollout": rollout,
                 "policy_step": self.completed_steps,
+                **{policy_step_key(k): n for k, n in self._policy_steps.items()},
             }
 
         return await self.executor.run(example_id, example, metadata)
