@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import arttrace as at
@@ -120,3 +121,75 @@ def test_one_run_url_serves_both_policies_of_a_subprocess_agent(tmp_path: Path) 
     assert result.metrics["planner/groups_kept"] == result.metrics["executor/groups_kept"] == 2
     for g in backend.groups("planner-001"):
         assert [t.reward for t in g.trajectories] == [0.0, 1.0]
+
+
+def test_runs_opened_over_http_with_a_reward_per_policy_train_both(tmp_path: Path) -> None:
+    """An agent that drives the gateway's run API itself: each run calls both models at its
+    URL and is closed with one reward per policy; a Trainer of two policies on the folder
+    ships each policy's groups from those runs without running a rollout."""
+    out = tmp_path / "out"
+    with (
+        RecordingUpstream(planner_executor()) as upstream,
+        Gateway(upstream.base_url, out=out) as gateway,
+        httpx.Client() as client,
+    ):
+        for k in range(4):
+            opened = client.post(f"{gateway.base_url}/runs", json={"example_id": "ex-0"})
+            assert opened.status_code == 201, opened.text
+            run = opened.json()
+            task = f"question 0, run {k}"
+            messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+            for name in ("planner-001", "executor-001"):
+                said = client.post(
+                    f"{run['url']}/chat/completions", json={"model": name, "messages": messages}
+                )
+                assert said.status_code == 200, said.text
+                messages.append(said.json()["choices"][0]["message"])
+                messages.append({"role": "user", "content": "Now do it."})
+            rewards = {"planner": float(k % 2), "executor": float(k // 2)}
+            wrong = client.put(
+                f"{gateway.base_url}/runs/{run['run_id']}/reward",
+                json={"reward": {"planner": "high"}},
+            )
+            assert wrong.status_code == 400 and "the reward of policy 'planner'" in wrong.text
+            closed = client.post(
+                f"{gateway.base_url}/runs/{run['run_id']}/close", json={"reward": rewards}
+            )
+            assert closed.status_code == 200, closed.text
+            assert closed.json()["reward"] == sum(rewards.values()) / 2
+            assert closed.json()["policy_rewards"] == rewards
+
+    def never(example: Any) -> float:
+        raise AssertionError("every run of the step is in the journal")
+
+    backend = ModelsBackend()
+    trainer = at.Trainer(
+        [
+            at.Policy(model("planner-001", tmp_path), name="planner"),
+            at.Policy(model("executor-001", tmp_path), name="executor"),
+        ],
+        backend,
+        never,
+        dataset(1),
+        group_size=4,
+        groups_per_step=1,
+        output_dir=out,
+        resume=True,
+        progress=False,
+        log_to_model=False,
+    )
+    with warnings_are_errors():
+        result = asyncio.run(trainer.step())
+    calls = [e for e in upstream.exchanges if e.path.endswith("/chat/completions")]
+    check_policies(
+        backend,
+        [answer(e.body["model"], e.answered, bool(e.body.get("stream"))) for e in calls],
+        {"planner-001": 1, "executor-001": 1},
+        groups=1,
+        group_size=4,
+    )
+    [planner] = backend.groups("planner-001")
+    [executor] = backend.groups("executor-001")
+    assert [t.reward for t in planner.trajectories] == [0.0, 1.0, 0.0, 1.0]
+    assert [t.reward for t in executor.trajectories] == [0.0, 0.0, 1.0, 1.0]
+    assert result.metrics["planner/groups_kept"] == result.metrics["executor/groups_kept"] == 1

@@ -26,7 +26,7 @@ _EPILOG = """\
 the run API (JSON):
   POST /runs {"example_id": "q-1", "metadata": {...}, "step": 0}  -> {"run_id", "url", ...}
   GET  /runs/ID                     the run's calls so far
-  PUT  /runs/ID/reward {"reward": 1.0}
+  PUT  /runs/ID/reward {"reward": 1.0}   (or one per policy: {"reward": {"planner": 1.0}})
   POST /runs/ID/close               journals the run; its URL stops working
 A run's "url" is an OpenAI base URL: give it to the agent (OPENAI_BASE_URL).
 """

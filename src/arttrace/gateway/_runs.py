@@ -11,8 +11,8 @@ The HTTP API (JSON in, JSON out)::
                                 "translate": ["responses"]}  (optional)
                                -> 201 {"run_id", "url", "example_id", "step", "slot"}
     GET  /runs/{id}            -> {"run_id", "url", "example_id", "calls", "in_flight",
-                                   "trainable_turns", "reward"}
-    PUT  /runs/{id}/reward     {"reward": 1.0, "metrics": {...}}
+                                   "trainable_turns", "reward", "policy_rewards" (if set)}
+    PUT  /runs/{id}/reward     {"reward": 1.0, "metrics": {...}}  (or {"reward": {policy: r}})
     POST /runs/{id}/close      {"reward": 1.0}  (optional)  -> the run's summary
 """
 
@@ -38,7 +38,7 @@ from ..capture import _context
 from ..capture._calls import Settings
 from ..capture._context import TrainableScope
 from ..capture._redact import remember_headers
-from ..capture._trajectory import Trajectory, check_reward
+from ..capture._trajectory import Trajectory, check_policy_rewards, check_reward
 from ..capture._wire import Recorder, open_recorder, training_body
 
 
@@ -122,6 +122,7 @@ class Run:
             "trainable_turns": t.trainable_turns,
             "disconnected": self.disconnected,
             "reward": t.reward,
+            **({"policy_rewards": t.policy_rewards} if t.policy_rewards else {}),
         }
 
 
@@ -431,7 +432,13 @@ def _options(body: dict[str, Any], defaults: RunOptions) -> RunOptions:
 
 def _set_outcome(trajectory: Trajectory, body: dict[str, Any], *, require_reward: bool) -> None:
     if "reward" in body:
-        trajectory.reward = check_reward(body["reward"])
+        reward = body["reward"]
+        if isinstance(reward, dict):  # one per policy: {"planner": 1.0, "executor": 0.5}
+            trajectory.policy_rewards = check_policy_rewards(reward)
+        else:
+            reward = check_reward(reward)
+            trajectory.policy_rewards = {}
+            trajectory.reward = reward
     elif require_reward:
         raise ConfigurationError('send {"reward": <number>}')
     metrics = body.get("metrics")
