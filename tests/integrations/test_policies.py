@@ -115,7 +115,7 @@ def agents_sdk() -> Iterator[None]:
     agents.set_trace_processors([])
 
 
-def triage_rollout(server: LLMServer) -> Any:
+def triage_rollout(server: LLMServer, stream: bool) -> Any:
     @at.trainable
     async def solve(asked: str) -> str:
         async with openai.AsyncOpenAI(
@@ -136,6 +136,11 @@ def triage_rollout(server: LLMServer) -> Any:
             config = RunConfig(
                 model_provider=OpenAIProvider(openai_client=client, use_responses=False)
             )
+            if stream:
+                streamed = Runner.run_streamed(triage, asked, run_config=config)
+                async for _ in streamed.stream_events():
+                    pass
+                return str(streamed.final_output)
             return str((await Runner.run(triage, asked, run_config=config)).final_output)
 
     async def rollout(example: dict[str, Any]) -> dict[str, float]:
@@ -146,11 +151,16 @@ def triage_rollout(server: LLMServer) -> Any:
     return rollout
 
 
-def test_an_agents_sdk_triage_and_its_specialist_train_as_two_policies(agents_sdk, tmp_path):
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
+def test_an_agents_sdk_triage_and_its_specialist_train_as_two_policies(
+    agents_sdk, tmp_path, stream
+):
     llm = weather_llm()
     with serve(llm) as server, warnings_are_errors():
-        result, backend = train(tmp_path, triage_rollout(server), "triage-001", "weather-001")
+        rollout = triage_rollout(server, stream)
+        result, backend = train(tmp_path, rollout, "triage-001", "weather-001")
     assert len(llm.requests) == GROUPS * GROUP_SIZE * 3
+    assert {bool(r.get("stream")) for r in llm.requests} == {stream}
     check_policies(
         backend,
         kept_answers(llm.requests, llm.answers),
