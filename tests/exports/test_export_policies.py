@@ -131,6 +131,9 @@ def test_parquet_per_policy_masks_only_its_turns(roles: Path, tmp_path: Path) ->
             assert np.array_equal(np.array(row["logprobs"]), expected, equal_nan=True)
             turns = row["turns"]
             assert [x["trainable"] for x in turns] == [x["policy"] == policy for x in turns]
+            assert [x["untrainable_reason"] for x in turns if not x["trainable"]] == [
+                "another policy's turn (context in this policy's trajectory)"
+            ]
             own = next(c for c in t.calls if c.policy == policy)
             assert row["trainable_tokens"] == sum(row["mask"]) == len(own.choices[0].token_ids)
     assert command(str(roles), "--format", "parquet", "--out", str(out), "--policy", "nobody") == 0

@@ -15,7 +15,7 @@ import pytest
 
 from arttrace.app import runs_command as runs
 from arttrace.store import open_run
-from support.policies import rewards, two_roles
+from support.policies import judged, rewards, two_roles
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +202,26 @@ def test_arttrace_runs_shows_each_policy(several: Path, capsys: pytest.CaptureFi
     assert runs_command(str(several), "--steps", "--json") == 0
     first = json.loads(capsys.readouterr().out.splitlines()[0])
     assert first["policies"]["planner"]["groups_kept"] == 2
+
+
+def test_a_frozen_policy_trains_no_group_and_a_judge_rewards_each_policy(
+    tmp_path: Path,
+) -> None:
+    frozen = two_roles(tmp_path / "frozen", several=True, steps=1, frozen="executor")
+    with open_run(frozen) as store:
+        assert store.policies() == ["planner", "executor"]
+        assert store.frozen_policies() == ["executor"]
+        assert store.trained_policies() == ["planner"]
+        assert {g.policy for g in store.groups(0)} == {"planner"}
+        assert store.count(policy="executor") == store.count() == 8  # journaled as its own
+    judged_run = two_roles(tmp_path / "judged", several=True, steps=1, judge_groups=True)
+    with open_run(judged_run) as store:
+        for row in store.trajectories(limit=None):
+            k = row.rollout or 0
+            assert row.policy_rewards == judged(k)  # the judge's, what the policies trained on
+            assert row.reward == sum(judged(k).values()) / 2
+            own = store.trajectory_dict(row.id)
+            assert own["policy_rewards"] == rewards(k)  # the line keeps the run's own
+        for g in store.groups(0):
+            assert g.policy is not None and g.shipped
+            assert g.rewards == tuple(judged(k)[g.policy] for k in range(4))

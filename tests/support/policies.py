@@ -80,8 +80,26 @@ def model(name: str, out: Path) -> Any:
     )
 
 
-def two_roles(out: Path, *, several: bool = False, steps: int = 2) -> Path:
-    """Train the two roles for ``steps`` steps on DryRunBackend into ``out``; ``out``."""
+def judged(rollout: int) -> dict[str, float]:
+    """A group judge's reward per policy for run ``rollout`` (``two_roles(judge=True)``)."""
+    return {"planner": float(rollout == 0), "executor": float(rollout == 1)}
+
+
+def judge(group: Any) -> list[dict[str, float]]:
+    return [judged(run.rollout) for run in group.runs]
+
+
+def two_roles(
+    out: Path,
+    *,
+    several: bool = False,
+    steps: int = 2,
+    frozen: str | None = None,
+    judge_groups: bool = False,
+) -> Path:
+    """Train the two roles for ``steps`` steps on DryRunBackend into ``out``; ``out``.
+    ``several``: as two policies (``frozen``: that one frozen; ``judge_groups``: a group
+    reward gives each policy its own reward, :func:`judged`)."""
     _warnings.reset()
     at.instrument()
     try:
@@ -94,7 +112,9 @@ def two_roles(out: Path, *, several: bool = False, steps: int = 2) -> Path:
                     planner, executor = model("planner", out), model("executor", out)
                     for m in (planner, executor):
                         await m.register(backend)
-                    models: Any = [at.Policy(planner), at.Policy(executor)]
+                    models: Any = [
+                        at.Policy(m, frozen=m.name == frozen) for m in (planner, executor)
+                    ]
                 else:
                     models = model("roles", out)
                     await models.register(backend)
@@ -109,6 +129,7 @@ def two_roles(out: Path, *, several: bool = False, steps: int = 2) -> Path:
                     output_dir=out,
                     progress=False,
                     log_to_model=False,
+                    group_reward=judge if judge_groups else None,
                 )
                 await trainer.train(num_steps=steps)
 

@@ -5,6 +5,7 @@ planner and an executor as two policies of one Trainer, and as two roles of one 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,5 +160,37 @@ def test_find_filters_by_policy(viewer, folders, page):
     assert json.loads(page.request.get(api).text())["total"] == 0
     # a run of one model whose roles name their policies: found by the names its calls have
     show(page, viewer.url + "#/find?run=1", "find")
+    page.wait_for_selector('select[name="run"] option[value="1"]:checked', state="attached")
+    page.wait_for_function("document.querySelectorAll('select[name=policy] option').length > 1")
     options = page.locator('select[name="policy"] option').all_inner_texts()
     assert options == ["any", "executor (16 runs)", "planner (16 runs)"]
+
+
+def test_a_frozen_policy_s_turns_are_context(browser, tmp_path):
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:  # off Playwright's event loop
+        made = thread.submit(
+            two_roles, tmp_path / "frozen", several=True, steps=1, frozen="executor"
+        )
+        folder = made.result()
+    served = Viewer([folder])
+    served.start()
+    page = browser.new_page()
+    try:
+        show(page, served.url + "#/r/0/run/1", "run")
+        turns = page.locator(".conversation .turn")
+        assert [turns.nth(k).get_attribute("data-trainable") for k in range(2)] == ["yes", "no"]
+        assert turns.nth(1).get_attribute("data-policy") == "executor"
+        assert turns.nth(1).locator(".why").inner_text() == (
+            "Context: a turn of policy 'executor', which is frozen (served, not trained)"
+        )
+        assert set(turns.nth(1).locator(".tok").evaluate_all("cs => cs.map(c => c.className)")) == {
+            "tok context"
+        }
+        show(page, served.url + "#/find?run=0", "find")
+        options = page.locator('select[name="policy"] option').all_inner_texts()
+        assert options == ["any", "planner (8 runs)", "executor (8 runs) · frozen"]
+        show(page, served.url + "#/r/0/step/0", "step")
+        assert page.locator("table.groups .policy-tag").all_inner_texts() == ["planner"] * 2
+    finally:
+        page.close()
+        served.stop()

@@ -145,7 +145,7 @@ class _RowGroup:
             "trainable_turns": len(tokens.offsets),
             "trainable_tokens": sum(tokens.mask),
             "sequence_lengths": tokens.sequence_lengths,
-            "turns": _turns(conversations, tokens.offsets),
+            "turns": _turns(conversations, tokens.offsets, _others(trajectory, self.policy)),
             "messages": _json([] if main is None else _history.messages(main)),
             "tools": None if main is None or main.tools is None else _json(main.tools),
             "additional_histories": _json(
@@ -183,7 +183,14 @@ class _RowGroup:
         return pa.Table.from_pydict({f.name: columns[f.name] for f in self.schema}, self.schema)
 
 
-def _turns(conversations: list[Any], offsets: list[int]) -> list[dict[str, Any]]:
+def _others(trajectory: Trajectory, policy: str | None) -> set[int]:
+    """The calls (by ``seq``) that are policy turns of another policy than ``policy``."""
+    if policy is None:
+        return set()
+    return {c.seq for c in trajectory.calls if c.trainable and not policy_claims(policy, c)}
+
+
+def _turns(conversations: list[Any], offsets: list[int], others: set[int]) -> list[dict[str, Any]]:
     out, trainable = [], iter(offsets)
     for history, conversation in enumerate(conversations):
         for item in conversation.items:
@@ -200,7 +207,7 @@ def _turns(conversations: list[Any], offsets: list[int]) -> list[dict[str, Any]]
                     "agent": call.agent,
                     "finish_reason": choice.finish_reason,
                     "trainable": item.trainable,
-                    "untrainable_reason": _reason(item),
+                    "untrainable_reason": _reason(item, others),
                     "prompt_tokens": None
                     if call.prompt_token_ids is None
                     else len(call.prompt_token_ids),
@@ -214,11 +221,13 @@ def _turns(conversations: list[Any], offsets: list[int]) -> list[dict[str, Any]]
     return out
 
 
-def _reason(turn: Turn) -> str | None:
-    """Why a turn is not trained on: not a policy turn, a branch's shared prefix, or the
-    record's own reason."""
+def _reason(turn: Turn, others: set[int]) -> str | None:
+    """Why a turn is not trained on: another policy's, not a policy turn, a branch's shared
+    prefix, or the record's own reason."""
     if turn.trainable:
         return None
+    if turn.call.seq in others:
+        return "another policy's turn (context in this policy's trajectory)"
     if not turn.call.trainable:
         return "not a policy turn (made outside every @trainable function)"
     if turn.context_only:

@@ -273,12 +273,10 @@ def why_context(turn: Turn, trained: Collection[str] | None = None) -> str | Non
     if trained is not None and turn.call.policy not in trained:
         if turn.call.policy is None:
             return (
-                f"context: no policy of the run claims it (its model {turn.call.model!r} is "
+                f"no policy of the run claims it (its model {turn.call.model!r} is "
                 "none of theirs, and its @trainable named no policy)"
             )
-        return (
-            f"context: a turn of policy {turn.call.policy!r}, which is frozen (served, not trained)"
-        )
+        return f"a turn of policy {turn.call.policy!r}, which is frozen (served, not trained)"
     if turn.context_only:
         return BRANCH_PREFIX
     return turn.call.untrainable_reason(turn.choice)
