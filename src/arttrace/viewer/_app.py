@@ -322,7 +322,7 @@ class Viewer:
             view = _present.run_view(
                 _load(store, row_id),
                 None if decoder is None else decoder.texts,
-                store.trained_policies(),
+                _training(store),
             )
             view["id"] = row_id
             view["row"], groups = _placed(store, row_id)
@@ -347,7 +347,7 @@ class Viewer:
                 offset,
                 limit,
                 None if decoder is None else decoder.texts,
-                store.trained_policies(),
+                _training(store),
             )
             if found is None:
                 raise ApiError(404, "this run has no such message")
@@ -400,6 +400,14 @@ def _not_ready(slot: RunSlot) -> dict[str, Any]:
         "error": f"indexing {slot.path} (the first time takes a while on a big run)",
         "fix": "",
     }
+
+
+def _training(store: RunStore) -> dict[str, bool] | None:
+    """A run of several policies' declared ones, and whether each trains (``None``: one)."""
+    trained = store.trained_policies()
+    if trained is None:
+        return None
+    return {**dict.fromkeys(store.frozen_policies(), False), **dict.fromkeys(trained, True)}
 
 
 def _load(store: RunStore, row_id: int) -> Trajectory:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,12 +158,13 @@ def _number(value: Any) -> float | int | None:
 def run_view(
     trajectory: Trajectory,
     text_of_ids: TextOf | None = None,
-    trained: Collection[str] | None = None,
+    trained: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     """The run as ART will train on it, with what the journal says about it; the text of
     tokens journaled as ids only from ``text_of_ids`` (the folder's tokenizer), when given.
-    ``trained``: the policies that train, in a run of several (a turn of any other is
-    context); ``None``: every policy turn trains."""
+    ``trained``: in a run of several policies, each declared one and whether it trains (a
+    turn of a frozen policy, or of none of them, is context); ``None``: every policy turn
+    trains."""
     conversations = trajectory.conversations()
     in_a_turn = {id(item.call) for c in conversations for item in c.items if isinstance(item, Turn)}
     calls = trajectory.calls
@@ -220,7 +221,7 @@ def item_view(
     offset: int,
     limit: int,
     text_of_ids: TextOf | None = None,
-    trained: Collection[str] | None = None,
+    trained: Mapping[str, bool] | None = None,
 ) -> dict[str, Any] | None:
     """One message or turn of the run whole (text uncut), its tokens from ``offset``."""
     conversations = trajectory.conversations()
@@ -239,7 +240,7 @@ def _conversation(
     conversation: Conversation,
     k: int,
     text_of_ids: TextOf | None,
-    trained: Collection[str] | None = None,
+    trained: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     items = conversation.items[:MAX_ITEMS]
     return {
@@ -259,24 +260,27 @@ def _conversation(
     }
 
 
-def _trains(turn: Turn, trained: Collection[str] | None) -> bool:
+def _trains(turn: Turn, trained: Mapping[str, bool] | None) -> bool:
     """Whether ART trains on ``turn``: trainable, and (a run of several policies) a turn of a
     policy that trains."""
-    return turn.trainable and (trained is None or turn.call.policy in trained)
+    return turn.trainable and (trained is None or trained.get(turn.call.policy or "", False))
 
 
-def why_context(turn: Turn, trained: Collection[str] | None = None) -> str | None:
+def why_context(turn: Turn, trained: Mapping[str, bool] | None = None) -> str | None:
     """Why ``turn`` is context and not trained on, or ``None`` when ART trains on it;
-    ``trained``: the policies that train, in a run of several."""
+    ``trained``: a run of several policies' declared ones, and whether each trains."""
     if not turn.call.trainable:
         return NOT_A_POLICY_TURN
-    if trained is not None and turn.call.policy not in trained:
-        if turn.call.policy is None:
+    policy = turn.call.policy
+    if trained is not None and not trained.get(policy or "", False):
+        if policy is None:
             return (
-                f"no policy of the run claims it (its model {turn.call.model!r} is "
-                "none of theirs, and its @trainable named no policy)"
+                f"no policy of the run claims it (its model {turn.call.model!r} is none of "
+                "theirs, and its @trainable named no policy)"
             )
-        return f"a turn of policy {turn.call.policy!r}, which is frozen (served, not trained)"
+        if policy in trained:
+            return f"a turn of policy {policy!r}, which is frozen (served, not trained)"
+        return f"a turn of policy {policy!r}, which is none of the Trainer's: it trains nothing"
     if turn.context_only:
         return BRANCH_PREFIX
     return turn.call.untrainable_reason(turn.choice)
@@ -289,7 +293,7 @@ def _turn(
     offset: int = 0,
     limit: int = MAX_TOKENS,
     max_text: int | None = MAX_TEXT,
-    trained: Collection[str] | None = None,
+    trained: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
     call, choice = turn.call, turn.choice
     why = why_context(turn, trained)
