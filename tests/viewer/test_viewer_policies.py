@@ -131,6 +131,11 @@ def test_a_run_shows_which_policy_each_turn_belongs_to(viewer, folders, page, sh
 
 def test_groups_per_policy_with_each_policy_s_rewards(viewer, page):
     show(page, viewer.url + "#/r/0/step/1", "step")
+    facts = page.locator(".fact", has=page.locator(".policy-step"))
+    assert facts.locator(".fact-value").all_inner_texts() == [
+        "0.5 · 2 of 2 shipped",
+        "0.25 · 2 of 2 shipped",
+    ]
     rows = page.locator("table.groups tbody tr")
     assert rows.count() == 4
     assert rows.locator(".policy-tag").all_inner_texts() == [

@@ -25,7 +25,7 @@ function rewardDots(rewards) {
 }
 
 function fact(name, value) {
-  return h("div", { class: "fact" }, h("span", { class: "fact-name", text: name }), h("span", { class: "fact-value" }, value));
+  return h("div", { class: "fact" }, h("span", { class: "fact-name" }, name), h("span", { class: "fact-value" }, value));
 }
 
 export async function renderStep(box, route, app) {
@@ -46,6 +46,14 @@ export async function renderStep(box, route, app) {
           fact("rollouts", seconds(s.rollout_seconds)),
           fact("training", seconds(s.train_seconds)),
           s.off_policy_steps_mean ? fact("policy lag", num(s.off_policy_steps_mean)) : null,
+          policies
+            .filter((p) => s.metrics[`${p}/reward_mean`] !== undefined)
+            .map((p) =>
+              fact(
+                h("span", { class: "policy-step", dataset: { policy: p } }, "reward of ", policyTag(p, policyColor(policies, p))),
+                `${num(s.metrics[`${p}/reward_mean`], 3)} · ${num(s.metrics[`${p}/groups_kept`])} of ${num(s.metrics[`${p}/groups_total`])} shipped`,
+              ),
+            ),
         )
       : h("p", { class: "muted", text: folder(app, run)?.kind === "gateway" ? "a gateway's journal: no Trainer has trained this step (no metrics line)" : "this step has no metrics line yet (it is running, or did not ship)" });
     return [
