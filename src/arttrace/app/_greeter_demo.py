@@ -20,7 +20,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,17 +91,23 @@ def make_agent(client: openai.AsyncOpenAI, model: str) -> Any:
 
 
 def warm_up_trajectories(
-    customers: list[str], count: int, rng: random.Random
+    customers: list[str],
+    count: int,
+    rng: random.Random,
+    *,
+    system: str = SYSTEM,
+    answers: Sequence[str] = GREETINGS,
 ) -> list[art.Trajectory]:
     """``count`` customers (cycled), each answered with every greeting once: the best the
-    policy can do is pick among the four alike, so it learns the format, not the house style."""
+    policy can do is pick among the four alike, so it learns the format, not the house style.
+    ``system`` and ``answers``: another role's prompt and one-word replies (the router's)."""
     cycled = list(itertools.islice(itertools.cycle(customers), count))
-    pairs = [(c, g) for c in cycled for g in GREETINGS]
+    pairs = [(c, g) for c in cycled for g in answers]
     rng.shuffle(pairs)
     return [
         art.Trajectory(
             messages_and_choices=[
-                {"role": "system", "content": SYSTEM},
+                {"role": "system", "content": system},
                 {"role": "user", "content": c},
                 {"role": "assistant", "content": g},
             ],

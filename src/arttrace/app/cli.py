@@ -131,6 +131,15 @@ def _add_demo(commands: _Subcommands) -> None:
     )
     demo.add_argument("--steps", type=int, help="GRPO steps (default: cpu 12, dry-run 2)")
     demo.add_argument(
+        "--policies",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="2: a front desk of two tiny models on the CPU backend that learn together, a "
+        "router that picks the department and a greeter that answers, each with its own "
+        "reward and validation curve (about twice the time of one)",
+    )
+    demo.add_argument(
         "--max-steps-off-policy",
         type=int,
         default=0,
@@ -157,7 +166,7 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.max_steps_off_policy < 0:
         parser.error("--max-steps-off-policy must be 0 (synchronous steps) or more")
     try:
-        check_options(args.backend, args.base_url, args.model)
+        check_options(args.backend, args.base_url, args.model, args.policies)
         check_out(args.out)
     except ConfigurationError as error:
         parser.error(str(error))
@@ -166,7 +175,11 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     elif args.backend == "dry-run":
         what = "a scripted calculator agent, trained with GRPO on DryRunBackend (nothing learns)"
     else:
-        what = "a greeter agent learns the house greeting with GRPO, on this machine's CPU"
+        what = (
+            "a router and a greeter, two tiny models, learn together with GRPO"
+            if args.policies == 2
+            else "a greeter agent learns the house greeting with GRPO"
+        ) + ", on this machine's CPU"
         if (missing := missing_cpu_module()) is not None:
             parser.error(
                 f"No module named {missing!r}: the CPU backend needs the cpu extra (pip "
@@ -202,6 +215,7 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 args.model,
                 progress=True,
                 max_steps_off_policy=args.max_steps_off_policy,
+                policies=args.policies,
             )
         )
     except ValueError as error:

@@ -3,7 +3,9 @@
 With the CPU backend (the default) a tiny Qwen2 model really learns: a greeter agent answers
 each customer with one word (:mod:`._greeter_demo`); a supervised warm-up teaches four
 greetings alike, so validation starts near chance, and GRPO steps through the
-:class:`~arttrace.Trainer` reward the house greeting. With ``backend="dry-run"`` a scripted
+:class:`~arttrace.Trainer` reward the house greeting. With ``policies=2`` two tiny models on one
+CPU backend learn together (:mod:`._front_desk_demo`): a router picks the department, a
+greeter answers, each rewarded on its own. With ``backend="dry-run"`` a scripted
 calculator agent runs against the scripted vLLM-compatible server: the scripted model sometimes
 copies the numbers wrong, so rewards differ between runs of the same question, and the Trainer
 ships the groups to a :class:`~arttrace.DryRunBackend`, which writes what ART would train on
@@ -99,6 +101,7 @@ async def run_demo(
     *,
     progress: bool = False,
     max_steps_off_policy: int = 0,
+    policies: int = 1,
 ) -> dict[str, Any]:
     """Run the demo and return the run's summary.
 
@@ -109,9 +112,10 @@ async def run_demo(
     Trainer's outputs (metrics, validation, plot, journal of every run); ``None`` sizes take
     the backend's defaults. A previous demo run in ``out`` is replaced. ``progress``: tell
     on stderr what the demo is doing (each step's line, a progress bar of its runs).
-    ``max_steps_off_policy``: the Trainer's (pipelined training from 1).
+    ``max_steps_off_policy``: the Trainer's (pipelined training from 1). ``policies=2``:
+    the front desk of two policies on the CPU backend, a router and a greeter that both learn.
     """
-    check_options(backend, base_url, model)
+    check_options(backend, base_url, model, policies)
     if backend == "dry-run" and base_url is None:
         return await run_dry_run_demo(
             out,
@@ -132,6 +136,10 @@ async def run_demo(
         steps=steps or defaults.steps,
         max_steps_off_policy=max_steps_off_policy,
     )
+    if policies == 2:
+        from ._front_desk_demo import run_front_desk_demo
+
+        return await run_front_desk_demo(out, seed, settings=settings, progress=progress)
     return await run_greeter_demo(
         out, seed, settings=settings, base_url=base_url, served_model=model, progress=progress
     )
