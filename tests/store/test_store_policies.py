@@ -166,14 +166,14 @@ def test_a_run_of_two_policies(several: Path) -> None:
                 key = f"{g.policy}/{g.example_id}"
                 assert g.trainable_tokens == shipped["trainable_tokens"][key] > 0
             assert store.groups(step, "executor") == [g for g in groups if g.policy == "executor"]
-        for row, line in zip(store.steps(), metrics, strict=True):
+        for step_row, line in zip(store.steps(), metrics, strict=True):
             for policy in ("planner", "executor"):
-                own = row.of_policy(policy)
+                own = step_row.of_policy(policy)
                 assert own.reward_mean == line[f"{policy}/reward_mean"]
                 assert own.groups_kept == line[f"{policy}/groups_kept"] == 2
                 assert own.trainable_tokens == line[f"{policy}/trainable_tokens"]
-        for row, line in zip(store.validations(), validation, strict=True):
-            assert row.of_policy("executor").reward_mean == line["executor/reward_mean"]
+        for val_row, line in zip(store.validations(), validation, strict=True):
+            assert val_row.of_policy("executor").reward_mean == line["executor/reward_mean"]
 
 
 def test_a_step_one_policy_has_trained_says_so(several: Path, tmp_path: Path) -> None:
