@@ -121,6 +121,9 @@ def test_an_unreachable_server_is_one_clear_error(tmp_path, capsys):
     [
         (("--base-url", "http://127.0.0.1:1/v1"), "--base-url and --model go together"),
         (("--backend", "cpu", "--model", "m", "--base-url", "http://x/v1"), "serves its own"),
+        (("--policies", "2", "--backend", "dry-run"), "drop --backend dry-run"),
+        (("--policies", "2", "--model", "m", "--base-url", "http://x/v1"), "drop --base-url"),
+        (("--policies", "3"), "invalid choice"),
     ],
 )
 def test_flags_that_do_not_go_together_are_refused(tmp_path, capsys, args, message):
