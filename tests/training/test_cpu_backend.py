@@ -374,8 +374,8 @@ async def test_the_same_seed_gives_the_same_two_policy_run(tmp_path):
     """The two-policy demo too: one seed, the same replies of each model with their rewards,
     the same per-policy figures, losses and validation. (Which router reply shares a run with
     which greeter reply may differ, and with it the spread of the runs' mean rewards: the two
-    calls of concurrent runs reach the server in any order. Each policy's groups hold only its
-    own turns, so its training does not depend on that.)"""
+    calls of concurrent runs reach the server in any order. Each policy trains on its own
+    conversation only: ART skips the other's, which has nothing to train.)"""
     settings = CPUSettings(examples=2, rollouts=4, steps=2, warm_up_batches=4, validation=4)
 
     def odd_lengths(customer: str, department: str, greeting: str) -> dict[str, float]:
