@@ -15,7 +15,6 @@ the plot): with seed 0, the router 0.05 -> 1.00 and the greeter 0.44 -> 1.00 in 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -35,8 +34,10 @@ from ._greeter_demo import (
     CPUSettings,
     _say,
     house_style_reward,
+    loss_figures,
     redraw_plot,
     split,
+    train,
     warm_up_trajectories,
 )
 
@@ -100,7 +101,7 @@ async def run_front_desk_demo(
     ``settings.examples`` customers x ``settings.rollouts`` runs, each step training both
     policies, validating on held-out customers before and after. ``rewards(customer,
     department, greeting)`` scores a run, one reward per policy."""
-    from ..training import CPUBackend, Policy, Trainer
+    from ..training import CPUBackend, Policy
 
     s = settings or CPUSettings()
     fresh(out)
@@ -158,29 +159,10 @@ async def run_front_desk_demo(
     async def rollout(customer: str) -> Mapping[str, float]:
         return rewards(customer, *await agent(customer))
 
-    trainer = Trainer(
-        [Policy(models[p], name=p) for p in POLICIES],
-        backend,
-        rollout,
-        train_set,
-        val_dataset=val_set,
-        example_id=str,
-        group_size=s.rollouts,
-        groups_per_step=s.examples,
-        learning_rate=s.learning_rate,
-        output_dir=out,
-        seed=seed,
-        progress=progress,
-        log_to_model=False,
-        max_steps_off_policy=s.max_steps_off_policy,
+    policies = [Policy(models[p], name=p) for p in POLICIES]
+    results, validations = await train(
+        policies, backend, rollout, (train_set, val_set), s, out, seed, progress, client
     )
-    try:
-        results = await trainer.train(num_steps=s.steps)
-    finally:
-        await client.close()
-        await backend.close()
-
-    validations = [json.loads(line) for line in (out / "validation.jsonl").read_text().splitlines()]
     label = (
         f"cpu (CPUBackend: two tiny Qwen2 policies, {backend.policy.parameters / 1e6:.1f}M "
         "parameters each)"
@@ -198,12 +180,7 @@ async def run_front_desk_demo(
     for p in POLICIES:
         summary[f"{p}_train_reward_first"] = results[0].metrics[f"{p}/reward_mean"]
         summary[f"{p}_train_reward_last"] = results[-1].metrics[f"{p}/reward_mean"]
-        key = f"{p}/train/loss"
-        losses = [(r.step, r.metrics[key]) for r in results if key in r.metrics]
-        summary[f"{p}_loss_first"] = losses[0][1] if losses else float("nan")
-        summary[f"{p}_loss_first_step"] = losses[0][0] if losses else None
-        summary[f"{p}_loss_last"] = losses[-1][1] if losses else float("nan")
-        summary[f"{p}_loss_last_step"] = losses[-1][0] if losses else None
+        summary |= loss_figures(results, f"{p}/train/loss", f"{p}_")
     summary |= {
         "warm_up_seconds": warm_up_seconds,
         "rollout_seconds": sum(r.metrics["rollout_seconds"] for r in results),

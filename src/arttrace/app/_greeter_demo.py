@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import art
 import openai
@@ -31,6 +31,9 @@ import openai
 from .._instrument import instrument
 from ..capture._trainable import trainable
 from ._demo_checks import api_key, check_server, fresh
+
+if TYPE_CHECKING:
+    from ..training import StepResult
 
 SYSTEM = "Greet the customer."
 MODEL_NAME = "demo-policy"
@@ -137,7 +140,7 @@ async def run_greeter_demo(
     :class:`~arttrace.DryRunBackend` in ``out/dry_run``. ``reward(customer, reply)`` scores a run.
     ``progress``: tell on stderr what the run is doing (the Trainer's lines and progress bars).
     """
-    from ..training import DryRunBackend, Trainer
+    from ..training import DryRunBackend
 
     s = settings or CPUSettings()
     fresh(out)
@@ -194,8 +197,51 @@ async def run_greeter_demo(
     async def rollout(customer: str) -> float:
         return reward(customer, await agent(customer))
 
+    results, validations = await train(
+        model, backend, rollout, (train_set, val_set), s, out, seed, progress, client
+    )
+    if base_url is None:
+        label = f"cpu (CPUBackend: tiny Qwen2, {backend.policy.parameters / 1e6:.1f}M parameters)"
+    else:
+        label = f"dry-run (DryRunBackend; rollouts from {served_model} at {base_url})"
+    summary: dict[str, Any] = {
+        "backend": label,
+        "task": f"greet customers with the house greeting {HOUSE_GREETING!r}",
+        "steps": len(results),
+        "runs": sum(int(r.metrics["trajectories_scored"]) for r in results),
+        "val_reward_step_0": validations[0]["reward_mean"],
+        "val_reward_last": validations[-1]["reward_mean"],
+        "train_reward_first": results[0].metrics["reward_mean"],
+        "train_reward_last": results[-1].metrics["reward_mean"],
+        **loss_figures(results, "train/loss", ""),
+        "warm_up_seconds": warm_up_seconds,
+        "rollout_seconds": sum(r.metrics["rollout_seconds"] for r in results),
+        "train_seconds": sum(r.metrics["train_seconds"] for r in results),
+        "seconds": time.perf_counter() - started,
+        "output": str(out),
+    }
+    redraw_plot(out, f"greeter learns the house greeting, on {label}", validations)
+    return summary
+
+
+async def train(
+    models: Any,
+    backend: Any,
+    rollout: Any,
+    sets: tuple[list[str], list[str]],
+    s: CPUSettings,
+    out: Path,
+    seed: int,
+    progress: bool,
+    client: openai.AsyncOpenAI,
+) -> tuple[list[StepResult], list[dict[str, Any]]]:
+    """The demo's GRPO steps on ``models`` (one, or several policies), and its validations as
+    written; closes ``client`` and ``backend`` after."""
+    from ..training import Trainer
+
+    train_set, val_set = sets
     trainer = Trainer(
-        model,
+        models,
         backend,
         rollout,
         train_set,
@@ -215,34 +261,19 @@ async def run_greeter_demo(
     finally:
         await client.close()
         await backend.close()
-
     validations = [json.loads(line) for line in (out / "validation.jsonl").read_text().splitlines()]
-    losses = [(r.step, r.metrics["train/loss"]) for r in results if "train/loss" in r.metrics]
-    if base_url is None:
-        label = f"cpu (CPUBackend: tiny Qwen2, {backend.policy.parameters / 1e6:.1f}M parameters)"
-    else:
-        label = f"dry-run (DryRunBackend; rollouts from {served_model} at {base_url})"
-    summary: dict[str, Any] = {
-        "backend": label,
-        "task": f"greet customers with the house greeting {HOUSE_GREETING!r}",
-        "steps": len(results),
-        "runs": sum(int(r.metrics["trajectories_scored"]) for r in results),
-        "val_reward_step_0": validations[0]["reward_mean"],
-        "val_reward_last": validations[-1]["reward_mean"],
-        "train_reward_first": results[0].metrics["reward_mean"],
-        "train_reward_last": results[-1].metrics["reward_mean"],
-        "loss_first": losses[0][1] if losses else float("nan"),
-        "loss_first_step": losses[0][0] if losses else None,
-        "loss_last": losses[-1][1] if losses else float("nan"),
-        "loss_last_step": losses[-1][0] if losses else None,
-        "warm_up_seconds": warm_up_seconds,
-        "rollout_seconds": sum(r.metrics["rollout_seconds"] for r in results),
-        "train_seconds": sum(r.metrics["train_seconds"] for r in results),
-        "seconds": time.perf_counter() - started,
-        "output": str(out),
+    return results, validations
+
+
+def loss_figures(results: list[StepResult], key: str, prefix: str) -> dict[str, Any]:
+    """The first and last loss ``key`` the steps reported, and their steps."""
+    losses = [(r.step, r.metrics[key]) for r in results if key in r.metrics]
+    return {
+        f"{prefix}loss_first": losses[0][1] if losses else float("nan"),
+        f"{prefix}loss_first_step": losses[0][0] if losses else None,
+        f"{prefix}loss_last": losses[-1][1] if losses else float("nan"),
+        f"{prefix}loss_last_step": losses[-1][0] if losses else None,
     }
-    redraw_plot(out, f"greeter learns the house greeting, on {label}", validations)
-    return summary
 
 
 def redraw_plot(out: Path, title: str, validations: list[dict[str, Any]]) -> None:
