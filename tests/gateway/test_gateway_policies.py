@@ -162,6 +162,9 @@ def test_runs_opened_over_http_with_a_reward_per_policy_train_both(tmp_path: Pat
     def never(example: Any) -> float:
         raise AssertionError("every run of the step is in the journal")
 
+    store = at.open_run(out)  # indexed as a gateway's journal: no policy declared yet
+    assert store.count(policy="planner") == 0
+
     backend = ModelsBackend()
     trainer = at.Trainer(
         [
@@ -193,3 +196,15 @@ def test_runs_opened_over_http_with_a_reward_per_policy_train_both(tmp_path: Pat
     assert [t.reward for t in planner.trajectories] == [0.0, 1.0, 0.0, 1.0]
     assert [t.reward for t in executor.trajectories] == [0.0, 0.0, 1.0, 1.0]
     assert result.metrics["planner/groups_kept"] == result.metrics["executor/groups_kept"] == 1
+
+    # The journal keeps the gateway's lines (no policy on their calls); the store reads them as
+    # the Trainer assigned them, once its state.json declares the policies.
+    store.refresh()
+    assert store.policies() == ["planner", "executor"]
+    assert store.count(policy="planner") == store.count(policy="executor") == 4
+    for row in store.trajectories():
+        assert {(c.model, c.policy) for c in store.trajectory(row.id).calls} == {
+            ("planner-001", "planner"),
+            ("executor-001", "executor"),
+        }
+    store.close()

@@ -262,7 +262,13 @@ def policy_claims(policy: PolicyMatcher, call: LLMCall) -> bool:
     names = {policy} if isinstance(policy, str) else set(policy)
     if call.policy is not None:
         return call.policy in names
-    return call.model in names or call.model.rpartition("@")[0] in names
+    return model_claimed(names, call.model)
+
+
+def model_claimed(names: Collection[str], model: str) -> bool:
+    """Whether a call sent to ``model`` goes by one of ``names``: the name itself, or a LoRA
+    step of it as vLLM serves it (``planner-001@7``)."""
+    return model in names or model.rpartition("@")[0] in names
 
 
 def field_of(obj: Any, name: str) -> Any:

@@ -163,6 +163,8 @@ class Index:
         self.location: Path | None = None
         """The index file (``None``: in memory, for a single saved trajectory)."""
         self.db: sqlite3.Connection = self._open()
+        self._claims: _scan.Claims = ()
+        """The policies the folder's Trainer declared, as its runs were indexed under them."""
 
     # -- the file --------------------------------------------------------------------------
 
@@ -287,6 +289,15 @@ class Index:
 
     def _refresh(self, kind: Kind) -> tuple[int, list[str]]:
         known = self._files()
+        self._claims = _scan.claims([] if self.single_file else _scan.declared(self.root))
+        indexed_under = self.db.execute("SELECT value FROM meta WHERE key = 'claims'").fetchone()
+        if indexed_under is None or indexed_under[0] != json.dumps(self._claims):
+            if known:  # indexed before its Trainer declared these policies: index it anew
+                raise _Replaced
+            with self._write():
+                self.db.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('claims', ?)", (json.dumps(self._claims),)
+                )
         found = _scan.sources(self.root, kind, self.single_file)
         if known.keys() - {s.path for s in found}:
             raise _Replaced  # a followed file left its place (moved aside, deleted)
@@ -441,7 +452,7 @@ class Index:
     ) -> int:
         position, rollout, data = _scan.rollout(path, number, record)
         try:
-            figures = _scan.figures(data)
+            figures = _scan.figures(data, self._claims)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise damaged(path, number, f"not a trajectory ({error!r})") from None
         assert source.step is not None

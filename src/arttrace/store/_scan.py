@@ -10,15 +10,15 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigurationError, JournalError
-from .._journal import damaged
+from .._journal import damaged, read_json
 from ..capture._layers import LOWER_LAYERS
-from ..capture._records import LLMCall
+from ..capture._records import LLMCall, model_claimed
 from ..capture._trajectory import Trajectory
 from ._rows import Kind
 
@@ -190,14 +190,52 @@ class Figures:
     """The run's reward per policy, when it gave one (``Trajectory.policy_rewards``)."""
 
 
-def figures(data: dict[str, Any]) -> Figures:
+type Claims = Sequence[tuple[str, Sequence[str]]]
+"""The declared policies of a run of several: each name and the names its turns go by."""
+
+
+def declared(root: Path) -> list[dict[str, Any]]:
+    """``state.json``'s ``settings.policies`` in ``root`` (a Trainer's folder of several
+    policies; ``[]`` elsewhere, or while the file is being replaced)."""
+    try:
+        state = read_json(root / "state.json")
+    except JournalError:
+        return []
+    settings = state.get("settings") if isinstance(state, dict) else None
+    policies = settings.get("policies") if isinstance(settings, dict) else None
+    return [p for p in policies if isinstance(p, dict)] if isinstance(policies, list) else []
+
+
+def claims(policies: list[dict[str, Any]]) -> Claims:
+    """What each declared policy claims: its name and its model's (``training._policy``)."""
+    return [
+        (p["name"], sorted({p["name"], p.get("model")} - {None}))
+        for p in policies
+        if isinstance(p.get("name"), str)
+    ]
+
+
+def resolve(data: dict[str, Any], claimed: Claims) -> dict[str, Any]:
+    """``data`` (a journaled run) with each policy turn's policy as the Trainer assigns it:
+    a turn journaled without one (by a gateway, before a Trainer resumed its journal) gets
+    the first declared policy that claims its model."""
+    if not claimed:
+        return data
+    for call in data.get("calls") or ():
+        model = call.get("model")
+        if call.get("trainable") and call.get("policy") is None and isinstance(model, str):
+            call["policy"] = next((n for n, names in claimed if model_claimed(names, model)), None)
+    return data
+
+
+def figures(data: dict[str, Any], claimed: Claims = ()) -> Figures:
     """What the index keeps of one run, computed as the Trainer computes it: the trajectory is
     read back as :meth:`Trajectory.from_dict` reads a journal line, its calls merged as
     ``Trajectory.calls`` merges them. Each call's choices are turns of exactly one
     conversation (``_conversations.assemble`` copies a turn into a branch as context only), so
     the trainable turns are its trainable calls' choices ART accepts, and the trainable tokens
     their sampled ids (what ``arttrace.capture._art.trainable_tokens`` counts)."""
-    t = Trajectory.from_dict(data)
+    t = Trajectory.from_dict(resolve(data, claimed))
     calls = t.calls
     turns = tokens = completion = 0
     causes: Counter[str] = Counter()

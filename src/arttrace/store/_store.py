@@ -324,6 +324,7 @@ class RunStore:
                 f"{row.file} changed since it was indexed (run {row_id} at byte {row.offset} "
                 f"no longer reads: {error!r}); open the run again to index it anew"
             ) from None
+        _scan.resolve(trajectory, _scan.claims(self._declared()))
         own = trajectory.get("reward")
         if row.step is not None and row.reward is not None and own != row.reward:
             metrics = trajectory.setdefault("metrics", {})
@@ -372,13 +373,7 @@ class RunStore:
         """``state.json``'s ``settings.policies`` (a Trainer's folder; ``[]`` elsewhere)."""
         if self.kind != "trainer" or self._single:
             return []
-        try:
-            state = read_json(self.root / "state.json")
-        except JournalError:
-            return []  # being replaced as it is read: the calls still name the policies
-        settings = state.get("settings") if isinstance(state, dict) else None
-        policies = settings.get("policies") if isinstance(settings, dict) else None
-        return [p for p in policies if isinstance(p, dict)] if isinstance(policies, list) else []
+        return _scan.declared(self.root)
 
     # -- groups ----------------------------------------------------------------------------
 
