@@ -73,12 +73,11 @@ $(CHROMIUM):
 # The lint as `make lint`, mypy (about 40 s cold, one core) beside the tests, not before them.
 # The suite keeps about one core busy on average (servers, subprocesses, a browser, a Ray
 # cluster wait more than they compute): it runs as three pytest processes side by side (the
-# slowest folders and files; the gateway, translation, integrations, store, exports and
-# import-order tests; the rest), and mypy beside them.
-SIDE_TESTS := tests/executors tests/viewer \
+# slowest folders and files; the gateway, translation, integrations and import-order tests; the
+# rest), and mypy beside them.
+SIDE_TESTS := tests/executors tests/viewer tests/store tests/exports \
   tests/training/test_cpu_backend.py tests/app/test_docs.py tests/app/test_notebook.py
-LANE_TESTS := tests/gateway tests/translation tests/integrations tests/store tests/exports \
-  tests/capture/test_import_order.py
+LANE_TESTS := tests/gateway tests/translation tests/integrations tests/capture/test_import_order.py
 
 test: setup-test $(CHROMIUM)
 	$(LINT)
