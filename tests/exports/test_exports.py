@@ -51,7 +51,7 @@ from arttrace.exports import ExportError, export_otlp, export_parquet, export_sf
 from arttrace.testing import Reply, ScriptedLLM, ToolCall, serve
 from support.common import TOOLS
 
-SECRET = "sk-live-0123456789abcdefXYZ"
+SECRET = "sk-exports-0123456789abcdefXYZ"
 Slot = tuple[int, int, int]  # step, position, rollout
 REWARDS = {  # (step, position) -> reward of each rollout; ties keep the first
     (0, 0): [0.0, 1.0, 1.0],
