@@ -35,29 +35,9 @@ import art
 import openai
 
 import arttrace as at
-from bench_trainer import TOOLS, InstantBackend, bare, run_server
+from bench_trainer import InstantBackend, bare, make_rollout, run_server
 
 GROUPS, GROUP_SIZE, CONCURRENCY = 32, 8, 64
-
-
-def make_rollout(client: openai.AsyncOpenAI) -> Any:
-    @at.trainable
-    async def agent(question: str) -> str:
-        messages: list[Any] = [{"role": "user", "content": question}]
-        first = await client.chat.completions.create(model="a", messages=messages, tools=TOOLS)
-        call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
-        messages += [
-            first.choices[0].message,
-            {"role": "tool", "tool_call_id": call.id, "content": "42"},
-        ]
-        final = await client.chat.completions.create(model="b", messages=messages, tools=TOOLS)
-        return final.choices[0].message.content or ""
-
-    async def rollout(example: dict[str, Any]) -> float:
-        answer = await agent(example["q"])
-        return float(hash((example["id"], answer, time.perf_counter_ns())) % 2)
-
-    return rollout
 
 
 def model(name: str, out: Path) -> art.TrainableModel[Any]:
@@ -133,7 +113,7 @@ async def main(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
-        rollout = make_rollout(client)
+        rollout = make_rollout(client, ("a", "b"))
         one = trainer(model("a", out), rollout, examples, out / "one")
         two = trainer(
             [at.Policy(model("a", out)), at.Policy(model("b", out))], rollout, examples, out / "two"

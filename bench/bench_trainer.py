@@ -81,17 +81,23 @@ def responder(request: dict[str, Any]) -> Reply:
     return Reply(tool_calls=[ToolCall("lookup", {"q": last["content"]})])
 
 
-def make_rollout(client: openai.AsyncOpenAI) -> Any:
+def make_rollout(client: openai.AsyncOpenAI, models: tuple[str, str] = ("p", "p")) -> Any:
+    """The agent: a call that asks for a tool to ``models[0]``, the answer from ``models[1]``."""
+
     @at.trainable
     async def agent(question: str) -> str:
         messages: list[Any] = [{"role": "user", "content": question}]
-        first = await client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        first = await client.chat.completions.create(
+            model=models[0], messages=messages, tools=TOOLS
+        )
         call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
         messages += [
             first.choices[0].message,
             {"role": "tool", "tool_call_id": call.id, "content": "42"},
         ]
-        final = await client.chat.completions.create(model="p", messages=messages, tools=TOOLS)
+        final = await client.chat.completions.create(
+            model=models[1], messages=messages, tools=TOOLS
+        )
         return final.choices[0].message.content or ""
 
     async def rollout(example: dict[str, Any]) -> float:

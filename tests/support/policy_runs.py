@@ -26,17 +26,26 @@ def model(name: str, tmp_path: Path) -> art.TrainableModel[Any]:
     )
 
 
-class ModelsBackend(RecordingBackend):
-    """Records which model each train() call trained, and answers ART's step question per
-    model."""
+class Killed(BaseException):
+    """The process dying at this point (nothing after it runs, nothing catches it)."""
 
-    def __init__(self) -> None:
+
+class ModelsBackend(RecordingBackend):
+    """Records which model each train() call trained (its loss: the model name's length),
+    and answers ART's step question per model; ``killed_on``: the model whose training the
+    process dies in (once)."""
+
+    def __init__(self, killed_on: str | None = None) -> None:
         super().__init__()
         self.trained: list[tuple[str, list[art.TrajectoryGroup]]] = []
+        self.killed_on = killed_on
 
     async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
+        if model.name == self.killed_on:
+            self.killed_on = None
+            raise Killed
         self.trained.append((model.name, list(groups)))
-        return art.TrainResult(step=len(self.trained), metrics={"loss": 0.5})
+        return art.TrainResult(step=len(self.trained), metrics={"loss": len(model.name)})
 
     async def _get_step(self, model: Any) -> int:
         return sum(name == model.name for name, _ in self.trained)

@@ -18,49 +18,13 @@ from openai.types.chat.chat_completion import Choice
 import arttrace as at
 from arttrace._errors import ConfigurationError, UsageError
 from arttrace.testing import Reply, ScriptedLLM
-from support.trainer import RecordingBackend, dataset, journaled
+from support.policy_runs import Killed, ModelsBackend, model
+from support.trainer import dataset, journaled
 
 
 @pytest.fixture(autouse=True)
 def _instrumented(instrumented: None) -> None:
     pass
-
-
-def model(name: str, tmp_path: Path) -> art.TrainableModel[Any]:
-    return art.TrainableModel(
-        name=name,
-        project="p",
-        base_model="Qwen/Qwen2.5-0.5B-Instruct",
-        run_name="r",
-        base_path=str(tmp_path / ".art"),
-    )
-
-
-class ModelsBackend(RecordingBackend):
-    """Records which model each train() call trained, and answers ART's step question per
-    model; ``killed_on``: the model whose training the process dies in (once)."""
-
-    def __init__(self, killed_on: str | None = None) -> None:
-        super().__init__()
-        self.trained: list[tuple[str, list[art.TrajectoryGroup]]] = []
-        self.killed_on = killed_on
-
-    async def train(self, model: Any, groups: Any, **kwargs: Any) -> art.TrainResult:
-        if model.name == self.killed_on:
-            self.killed_on = None
-            raise Killed
-        self.trained.append((model.name, list(groups)))
-        return art.TrainResult(step=len(self.trained), metrics={"loss": len(model.name)})
-
-    async def _get_step(self, model: Any) -> int:
-        return sum(name == model.name for name, _ in self.trained)
-
-    def groups(self, name: str) -> list[art.TrajectoryGroup]:
-        return [g for trained, groups in self.trained if trained == name for g in groups]
-
-
-class Killed(BaseException):
-    """The process dying at this point."""
 
 
 class PlannerExecutor:

@@ -288,6 +288,11 @@ class _Part:
     train_result: art.TrainResult | None = None
     train_metrics: dict[str, float] = field(default_factory=dict)
 
+    def shipped_tokens(self) -> int:
+        """The trainable tokens of its shipped groups (counted once, in ``tokens``)."""
+        kept = {id(g) for g in self.shipped}
+        return sum(n for pos, n in self.tokens.items() if id(self.groups[pos]) in kept)
+
     def name(self, metric: str) -> str:
         """``metric`` as this policy's (``planner/train/loss``; unchanged for one model)."""
         return f"{self.policy.key}/{metric}" if self.policy else metric
@@ -309,17 +314,14 @@ def _trained(trainer: Trainer[Any]) -> list[Policy | None]:
 
 
 def _sums(parts: list[_Part]) -> dict[str, float]:
-    """What happened to the groups of ``parts``, summed."""
-    from ..capture._art import trainable_tokens
-
+    """What happened to the groups of ``parts``, summed (tokens: the counts ``finish`` made
+    of each group with learning signal, of which the shipped groups are some)."""
     return {
         "groups_total": sum(len(p.groups) for p in parts),
         "groups_kept": sum(len(p.shipped) for p in parts),
         "groups_dropped": sum(len(p.groups) - len(p.signal) for p in parts),
         "groups_excluded_by_curriculum": sum(len(p.excluded) for p in parts),
-        "trainable_tokens": sum(
-            trainable_tokens(t) for p in parts for g in p.shipped for t in g.trajectories
-        ),
+        "trainable_tokens": sum(p.shipped_tokens() for p in parts),
         "trainable_tokens_group_min": min(
             (n for p in parts for n in p.tokens.values()), default=math.nan
         ),
